@@ -62,8 +62,13 @@ type RunRecord struct {
 	DeadlineSnapshotId string `protobuf:"bytes,14,opt,name=deadline_snapshot_id,json=deadlineSnapshotId,proto3" json:"deadline_snapshot_id,omitempty"`
 	// Whether the PublishCheckpoint command for the fired step was issued.
 	PublishRequested bool `protobuf:"varint,15,opt,name=publish_requested,json=publishRequested,proto3" json:"publish_requested,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The longest iteration recorded (per step, the max over ranks).
+	MaxIterationSeconds float64 `protobuf:"fixed64,16,opt,name=max_iteration_seconds,json=maxIterationSeconds,proto3" json:"max_iteration_seconds,omitempty"`
+	// The longest trainer-checkpoint save recorded; valid when
+	// checkpoint_measured.
+	MaxCheckpointSeconds float64 `protobuf:"fixed64,17,opt,name=max_checkpoint_seconds,json=maxCheckpointSeconds,proto3" json:"max_checkpoint_seconds,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *RunRecord) Reset() {
@@ -201,6 +206,20 @@ func (x *RunRecord) GetPublishRequested() bool {
 	return false
 }
 
+func (x *RunRecord) GetMaxIterationSeconds() float64 {
+	if x != nil {
+		return x.MaxIterationSeconds
+	}
+	return 0
+}
+
+func (x *RunRecord) GetMaxCheckpointSeconds() float64 {
+	if x != nil {
+		return x.MaxCheckpointSeconds
+	}
+	return 0
+}
+
 // StepRecord is one training step: its decision and its checkpoint.
 type StepRecord struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -305,7 +324,7 @@ var File_snapcoord_storage_v1_storage_proto protoreflect.FileDescriptor
 
 const file_snapcoord_storage_v1_storage_proto_rawDesc = "" +
 	"\n" +
-	"\"snapcoord/storage/v1/storage.proto\x12\x14snapcoord.storage.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18snapcoord/v1/event.proto\x1a\x16snapcoord/v1/run.proto\"\xd6\x05\n" +
+	"\"snapcoord/storage/v1/storage.proto\x12\x14snapcoord.storage.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18snapcoord/v1/event.proto\x1a\x16snapcoord/v1/run.proto\"\xc0\x06\n" +
 	"\tRunRecord\x12#\n" +
 	"\x03run\x18\x01 \x01(\v2\x11.snapcoord.v1.RunR\x03run\x12<\n" +
 	"\x0erequested_spec\x18\x02 \x01(\v2\x15.snapcoord.v1.RunSpecR\rrequestedSpec\x12\x1d\n" +
@@ -323,7 +342,9 @@ const file_snapcoord_storage_v1_storage_proto_rawDesc = "" +
 	"\x13manual_fire_pending\x18\f \x01(\bR\x11manualFirePending\x12,\n" +
 	"\x12manual_fire_reason\x18\r \x01(\tR\x10manualFireReason\x120\n" +
 	"\x14deadline_snapshot_id\x18\x0e \x01(\tR\x12deadlineSnapshotId\x12+\n" +
-	"\x11publish_requested\x18\x0f \x01(\bR\x10publishRequested\"\x87\x02\n" +
+	"\x11publish_requested\x18\x0f \x01(\bR\x10publishRequested\x122\n" +
+	"\x15max_iteration_seconds\x18\x10 \x01(\x01R\x13maxIterationSeconds\x124\n" +
+	"\x16max_checkpoint_seconds\x18\x11 \x01(\x01R\x14maxCheckpointSeconds\"\x87\x02\n" +
 	"\n" +
 	"StepRecord\x12\x12\n" +
 	"\x04step\x18\x01 \x01(\x03R\x04step\x122\n" +

@@ -1,0 +1,126 @@
+// Package deadline holds the save rule of DESIGN.md: the estimates I, C, R, M
+// and the decision now + I + C + R + M >= B. It is pure (no clock, no I/O) and
+// sits behind the Policy interface so that a risk-aware rule (quantiles of the
+// recorded durations instead of maxima) can replace it without touching the
+// engine.
+package deadline
+
+import (
+	"fmt"
+	"math"
+	"time"
+)
+
+// Observations is what the coordinator has recorded for a run.
+type Observations struct {
+	// MaxIterationSeconds is the longest iteration recorded (per step, the
+	// max over ranks).
+	MaxIterationSeconds float64
+	// CheckpointSeconds is the longest trainer-checkpoint save recorded;
+	// meaningful only when CheckpointMeasured.
+	CheckpointSeconds  float64
+	CheckpointMeasured bool
+	// ExpectedCheckpointSeconds is the spec's prior for C, if any.
+	ExpectedCheckpointSeconds *float64
+	// SavedSnapshotSeconds are the durations of the most recent SAVED
+	// snapshots, oldest first (at most the reserve window).
+	SavedSnapshotSeconds []float64
+	// ExpectedSnapshotSeconds is the spec's prior for R, if any.
+	ExpectedSnapshotSeconds *float64
+	// MarginSeconds is M.
+	MarginSeconds float64
+}
+
+// Estimates are the inputs of a decision, in seconds.
+type Estimates struct {
+	Iteration, Checkpoint, Reserve, Margin float64
+}
+
+// Save is C + R + M: how long the save at a fired step is expected to take,
+// margin included.
+func (e Estimates) Save() float64 { return e.Checkpoint + e.Reserve + e.Margin }
+
+// Total is I + C + R + M.
+func (e Estimates) Total() float64 { return e.Iteration + e.Save() }
+
+// Verdict is the outcome of the rule for one completed step.
+type Verdict struct {
+	Fire        bool
+	Explanation string
+}
+
+// Policy turns observations into estimates and estimates into decisions.
+type Policy interface {
+	Estimate(o Observations) Estimates
+	// Decide applies the rule at a completed step.
+	Decide(now, mustSaveBy time.Time, est Estimates) Verdict
+	// FiresAt is the earliest completion time at which Decide fires.
+	FiresAt(mustSaveBy time.Time, est Estimates) time.Time
+	// PreStepFiresAt is when, with no step completed yet, the bootstrap
+	// state must be saved: there is no iteration to wait for.
+	PreStepFiresAt(mustSaveBy time.Time, est Estimates) time.Time
+}
+
+// Max is the rule of DESIGN.md: every estimate is the largest duration
+// recorded so far ("a single slow iteration cannot run past the deadline").
+type Max struct{}
+
+// Estimate implements Policy.
+func (Max) Estimate(o Observations) Estimates {
+	est := Estimates{Iteration: o.MaxIterationSeconds, Margin: o.MarginSeconds}
+	switch {
+	case o.CheckpointMeasured:
+		est.Checkpoint = o.CheckpointSeconds
+	case o.ExpectedCheckpointSeconds != nil:
+		est.Checkpoint = *o.ExpectedCheckpointSeconds
+	}
+	switch {
+	case len(o.SavedSnapshotSeconds) > 0:
+		for _, s := range o.SavedSnapshotSeconds {
+			est.Reserve = math.Max(est.Reserve, s)
+		}
+	case o.ExpectedSnapshotSeconds != nil:
+		est.Reserve = *o.ExpectedSnapshotSeconds
+	}
+	return est
+}
+
+// Decide implements Policy.
+func (p Max) Decide(now, mustSaveBy time.Time, est Estimates) Verdict {
+	end := now.Add(Seconds(est.Total()))
+	terms := fmt.Sprintf("now+I+C+R+M = %s + %s = %s", stamp(now), terms(est), stamp(end))
+	if end.Before(mustSaveBy) {
+		return Verdict{Explanation: fmt.Sprintf("%s < B = %s: continue, %s to spare",
+			terms, stamp(mustSaveBy), mustSaveBy.Sub(end).Round(time.Second))}
+	}
+	return Verdict{Fire: true, Explanation: fmt.Sprintf("%s >= B = %s: save now and stop",
+		terms, stamp(mustSaveBy))}
+}
+
+// FiresAt implements Policy.
+func (Max) FiresAt(mustSaveBy time.Time, est Estimates) time.Time {
+	return mustSaveBy.Add(-Seconds(est.Total()))
+}
+
+// PreStepFiresAt implements Policy.
+func (Max) PreStepFiresAt(mustSaveBy time.Time, est Estimates) time.Time {
+	return mustSaveBy.Add(-Seconds(est.Save()))
+}
+
+// Seconds converts float seconds to a Duration, saturating instead of
+// overflowing for absurd values.
+func Seconds(s float64) time.Duration {
+	const maxSeconds = float64(math.MaxInt64 / int64(time.Second))
+	if s >= maxSeconds {
+		return time.Duration(math.MaxInt64)
+	}
+	return time.Duration(s * float64(time.Second))
+}
+
+func terms(e Estimates) string {
+	return fmt.Sprintf("(%s + %s + %s + %s s)", num(e.Iteration), num(e.Checkpoint), num(e.Reserve), num(e.Margin))
+}
+
+func num(f float64) string { return fmt.Sprintf("%g", math.Round(f*1000)/1000) }
+
+func stamp(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }

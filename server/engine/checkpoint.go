@@ -1,0 +1,112 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"slices"
+
+	storagev1 "github.com/snapcoord/snapcoord/api/snapcoord/storage/v1"
+	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+)
+
+func (e *Engine) reportCheckpoint(ctx context.Context, req *v1.ReportCheckpointRequest) (*v1.ReportCheckpointResponse, error) {
+	var state v1.RunState
+	err := e.mutate(ctx, req.RunId, func(m *mut) error {
+		w, err := m.worker(req.WorkerId, v1.WorkerRole_WORKER_ROLE_TRAINER, "ReportCheckpoint")
+		if err != nil {
+			return err
+		}
+		if req.Phase == v1.CheckpointPhase_CHECKPOINT_PHASE_PUBLISHED {
+			err = m.checkpointPublished(req.Step)
+		} else {
+			err = m.checkpointSaved(req.Step, w.w.Rank, req.SaveSeconds)
+		}
+		state = m.r.state()
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &v1.ReportCheckpointResponse{RunState: state}, nil
+}
+
+// checkpointSaved records one rank's SAVED report; the last rank completes
+// the checkpoint.
+func (m *mut) checkpointSaved(step int64, rank int32, sec float64) error {
+	r := m.r
+	st := r.steps[step]
+	if st != nil && slices.Contains(st.SavedRanks, rank) {
+		return nil // a retry
+	}
+	if r.terminal() {
+		return errorf(ErrFailedPrecondition, "run %q is %s: no new checkpoint reports", r.id, stateName(r.state()))
+	}
+	if st == nil {
+		st = &storagev1.StepRecord{Step: step}
+	}
+	st.SavedRanks = append(st.SavedRanks, rank)
+	st.MaxSaveSeconds = max(st.MaxSaveSeconds, sec)
+	if !r.rec.CheckpointMeasured || sec > r.rec.MaxCheckpointSeconds {
+		r.rec.CheckpointMeasured = true
+		r.rec.MaxCheckpointSeconds = max(r.rec.MaxCheckpointSeconds, sec)
+		m.dirty()
+	}
+	m.putStep(st)
+	if len(st.SavedRanks) < int(r.rec.Run.Spec.TrainerWorldSize) {
+		return nil
+	}
+	st.Saved = true
+	m.event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_CHECKPOINT_SAVED, Step: step,
+		Message: fmt.Sprintf("checkpoint of step %d saved by all %d ranks (slowest %.3g s)", step, len(st.SavedRanks), st.MaxSaveSeconds)})
+	switch {
+	case !r.rec.Run.Spec.Checkpointing.DeferredFinalize:
+		m.published(st)
+	case m.isFiredStep(step):
+		r.rec.PublishRequested = true
+		m.command(v1.WorkerRole_WORKER_ROLE_TRAINER, &v1.Command{Kind: &v1.Command_PublishCheckpoint{
+			PublishCheckpoint: &v1.PublishCheckpointCommand{Step: step}}})
+	}
+	return nil
+}
+
+func (m *mut) checkpointPublished(step int64) error {
+	r := m.r
+	st := r.steps[step]
+	if st != nil && st.Published {
+		return nil // a retry, or SAVED already meant published
+	}
+	if r.terminal() {
+		return errorf(ErrFailedPrecondition, "run %q is %s: no new checkpoint reports", r.id, stateName(r.state()))
+	}
+	if st == nil || !st.Saved {
+		return errorf(ErrFailedPrecondition, "step: the checkpoint of step %d is not saved by all ranks yet; report CHECKPOINT_PHASE_SAVED first", step)
+	}
+	m.published(st)
+	return nil
+}
+
+// published makes a checkpoint visible and starts what follows it: the
+// deadline snapshot at the fired step, else a trainer-checkpoint snapshot at
+// turn/prefix level.
+func (m *mut) published(st *storagev1.StepRecord) {
+	r := m.r
+	st.Published = true
+	m.putStep(st)
+	if st.Step > r.rec.Run.LastPublishedStep {
+		r.rec.Run.LastPublishedStep = st.Step
+	}
+	m.event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_CHECKPOINT_PUBLISHED, Step: st.Step,
+		Message: fmt.Sprintf("checkpoint of step %d published", st.Step)})
+	if m.isFiredStep(st.Step) {
+		m.startDeadlineSave(st.Step)
+		return
+	}
+	if !r.fired() && snapshotAfterCheckpoint(r.rec.Run.Spec) {
+		m.trySnapshot(v1.SnapshotReason_SNAPSHOT_REASON_TRAINER_CHECKPOINT, st.Step)
+	}
+}
+
+func (m *mut) isFiredStep(step int64) bool {
+	r := m.r
+	return r.state() == v1.RunState_RUN_STATE_SAVING && r.rec.Run.FiredAtStep == step
+}

@@ -1,0 +1,199 @@
+package engine
+
+import (
+	"context"
+	"sort"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+)
+
+// pending returns the durable commands after seq meant for role, and whether
+// the run is terminal. Called with r.mu held.
+func (r *runState) pending(after int64, role v1.WorkerRole) []*v1.Command {
+	upTo := r.durableCmd.Load()
+	i := sort.Search(len(r.commands), func(i int) bool { return r.commands[i].Seq > after })
+	var out []*v1.Command
+	for _, c := range r.commands[i:] {
+		if c.Seq > upTo {
+			break
+		}
+		if c.Audience == v1.WorkerRole_WORKER_ROLE_UNSPECIFIED || c.Audience == role {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// cursor is one reader of a worker's commands (a stream or a poll).
+type cursor struct {
+	e           *Engine
+	r           *runState
+	workerID    string
+	role        v1.WorkerRole
+	incarnation int64
+}
+
+func (e *Engine) openCursor(runID, workerID string) (*cursor, error) {
+	r, err := e.run(runID)
+	if err != nil {
+		return nil, err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	w, err := r.worker(workerID, v1.WorkerRole_WORKER_ROLE_UNSPECIFIED, "StreamCommands")
+	if err != nil {
+		return nil, err
+	}
+	return &cursor{e: e, r: r, workerID: workerID, role: w.w.Role, incarnation: w.w.Incarnation}, nil
+}
+
+// next returns the commands after seq, or a channel that closes at the next
+// durable change when there are none.
+func (c *cursor) next(after int64) ([]*v1.Command, <-chan struct{}, v1.RunState, error) {
+	changed := c.r.changed() // taken first, so no change slips between the read and the wait
+	c.r.mu.Lock()
+	defer c.r.mu.Unlock()
+	if w := c.r.workers[c.workerID]; w.w.Incarnation != c.incarnation {
+		return nil, nil, 0, errorf(ErrFailedPrecondition, "worker %s re-registered (incarnation %d); this stream belongs to incarnation %d",
+			c.workerID, w.w.Incarnation, c.incarnation)
+	}
+	return c.r.pending(after, c.role), changed, c.r.state(), nil
+}
+
+func (c *cursor) delivered(cmds []*v1.Command) {
+	now := c.e.clk.Now()
+	for _, cmd := range cmds {
+		c.e.obs.CommandDelivered(commandKind(cmd), now.Sub(cmd.IssuedAt.AsTime()))
+	}
+}
+
+func (e *Engine) streamCommands(ctx context.Context, req *v1.StreamCommandsRequest, send func(*v1.Command) error) error {
+	c, err := e.openCursor(req.RunId, req.WorkerId)
+	if err != nil {
+		return err
+	}
+	after := req.AfterSeq
+	for {
+		cmds, changed, _, err := c.next(after)
+		if err != nil {
+			return err
+		}
+		for _, cmd := range cmds {
+			if err := send(cmd); err != nil {
+				return err
+			}
+			c.delivered([]*v1.Command{cmd})
+			after = cmd.Seq
+			if cmd.GetStop() != nil {
+				return nil // nothing follows a Stop
+			}
+		}
+		if len(cmds) > 0 {
+			continue
+		}
+		if err := e.await(ctx, changed); err != nil {
+			return err
+		}
+	}
+}
+
+// await blocks until changed closes, ctx ends or the engine closes.
+func (e *Engine) await(ctx context.Context, changed <-chan struct{}) error {
+	select {
+	case <-changed:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-e.closing:
+		return errorf(ErrUnavailable, "the coordinator is shutting down; resume from your last seq")
+	}
+}
+
+func (e *Engine) pollCommands(ctx context.Context, req *v1.PollCommandsRequest) (*v1.PollCommandsResponse, error) {
+	c, err := e.openCursor(req.RunId, req.WorkerId)
+	if err != nil {
+		return nil, err
+	}
+	wait := min(time.Duration(req.WaitSeconds)*time.Second, e.opts.MaxPollWait)
+	waitCtx, expire := context.WithCancel(ctx)
+	defer expire()
+	t := e.clk.AfterFunc(wait, expire)
+	defer t.Stop()
+	for {
+		cmds, changed, state, err := c.next(req.AfterSeq)
+		if err != nil {
+			return nil, err
+		}
+		if len(cmds) > 0 || wait <= 0 || isTerminal(state) || waitCtx.Err() != nil {
+			c.delivered(cmds)
+			return &v1.PollCommandsResponse{Commands: cmds, RunState: state}, nil
+		}
+		if err := e.await(waitCtx, changed); err != nil && (ctx.Err() != nil || waitCtx.Err() == nil) {
+			return nil, err // the caller went away, or the engine is closing
+		}
+	}
+}
+
+func (e *Engine) watchRun(ctx context.Context, req *v1.WatchRunRequest, send func(*v1.RunEvent) error) error {
+	r, err := e.run(req.RunId)
+	if err != nil {
+		return err
+	}
+	after := req.AfterSeq
+	for {
+		changed := r.changed()
+		evs, done := r.eventsAfter(after)
+		for _, ev := range evs {
+			if err := send(ev); err != nil {
+				return err
+			}
+			after = ev.Seq
+		}
+		if done || req.NoFollow && len(evs) == 0 {
+			return nil
+		}
+		if len(evs) > 0 {
+			continue
+		}
+		if err := e.await(ctx, changed); err != nil {
+			return err
+		}
+	}
+}
+
+// eventsAfter returns up to a page of durable events after seq, and whether
+// the run is terminal with every event durable and returned.
+func (r *runState) eventsAfter(after int64) ([]*v1.RunEvent, bool) {
+	const page = 256
+	upTo := r.durableEvent.Load()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	i := sort.Search(len(r.events), func(i int) bool { return r.events[i].Seq > after })
+	var out []*v1.RunEvent
+	for _, ev := range r.events[i:] {
+		if ev.Seq > upTo || len(out) == page {
+			break
+		}
+		out = append(out, ev)
+	}
+	last := after
+	if len(out) > 0 {
+		last = out[len(out)-1].Seq
+	}
+	done := r.terminal() && upTo == r.rec.Run.LastEventSeq && last >= upTo
+	return out, done
+}
+
+func (e *Engine) listSnapshots(ctx context.Context, req *v1.ListSnapshotsRequest) (*v1.ListSnapshotsResponse, error) {
+	resp := &v1.ListSnapshotsResponse{}
+	err := e.view(ctx, req.RunId, func(r *runState) error {
+		for _, s := range r.snapOrder {
+			resp.Snapshots = append(resp.Snapshots, proto.Clone(s).(*v1.Snapshot))
+		}
+		return nil
+	})
+	return resp, err
+}

@@ -1,0 +1,249 @@
+// Package engine is the coordinator's domain: runs, the deadline rule, the
+// deadline sequence, snapshots, workers and the command log. It imports no
+// gRPC package and reads time only through an injected clock.Clock.
+//
+// Concurrency and durability: each run has a mutex. A mutation computes its
+// effect in memory under that mutex, hands the changed records to the store's
+// group committer, releases the mutex, and only then waits for the commit.
+// Every call, reads included, waits for the latest commit of the run it
+// looked at, so nothing a client is told is ahead of the disk. Commands and
+// events reach streams and polls only once durable.
+package engine
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/snapcoord/snapcoord/server/clock"
+	"github.com/snapcoord/snapcoord/server/deadline"
+	"github.com/snapcoord/snapcoord/store"
+)
+
+// Options configure an Engine. Zero values take the documented defaults.
+type Options struct {
+	Clock             clock.Clock // default clock.Real{}
+	Logger            *slog.Logger
+	Policy            deadline.Policy // default deadline.Max{}
+	HeartbeatInterval time.Duration   // default 5s
+	LeaseTTL          time.Duration   // default 3 × HeartbeatInterval
+	RestartGrace      time.Duration   // default LeaseTTL
+	MaxPollWait       time.Duration   // default 60s
+	MaxRuns           int             // default 10000
+	MaxWorkersPerRun  int             // default 10000
+	MaxEventsPerRun   int             // default 100000
+	Observer          Observer        // default: observes nothing
+}
+
+func (o *Options) setDefaults() {
+	if o.Clock == nil {
+		o.Clock = clock.Real{}
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.Policy == nil {
+		o.Policy = deadline.Max{}
+	}
+	if o.HeartbeatInterval <= 0 {
+		o.HeartbeatInterval = 5 * time.Second
+	}
+	if o.LeaseTTL <= 0 {
+		o.LeaseTTL = 3 * o.HeartbeatInterval
+	}
+	if o.RestartGrace <= 0 {
+		o.RestartGrace = o.LeaseTTL
+	}
+	if o.MaxPollWait <= 0 {
+		o.MaxPollWait = 60 * time.Second
+	}
+	if o.MaxRuns <= 0 {
+		o.MaxRuns = 10000
+	}
+	if o.MaxWorkersPerRun <= 0 {
+		o.MaxWorkersPerRun = 10000
+	}
+	if o.MaxEventsPerRun <= 0 {
+		o.MaxEventsPerRun = 100000
+	}
+	if o.Observer == nil {
+		o.Observer = nopObserver{}
+	}
+}
+
+// Engine coordinates every run of one coordinator.
+type Engine struct {
+	opts   Options
+	clk    clock.Clock
+	st     *store.DB
+	log    *slog.Logger
+	policy deadline.Policy
+	obs    Observer
+
+	mu     sync.RWMutex
+	runs   map[string]*runState
+	ids    []string          // sorted run ids, for ListRuns
+	tokens map[string]string // sha256(token) -> run id
+
+	failed  atomic.Pointer[error] // set once a commit failed
+	closed  atomic.Bool
+	closing chan struct{}
+}
+
+// New loads every run from st and re-arms its timers.
+func New(ctx context.Context, st *store.DB, opts Options) (*Engine, error) {
+	opts.setDefaults()
+	e := &Engine{
+		opts: opts, clk: opts.Clock, st: st, log: opts.Logger, policy: opts.Policy, obs: opts.Observer,
+		runs: map[string]*runState{}, tokens: map[string]string{}, closing: make(chan struct{}),
+	}
+	data, err := st.Load(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, d := range data {
+		r := loadRun(d)
+		e.runs[r.id] = r
+		e.ids = append(e.ids, r.id)
+		e.tokens[string(r.rec.GetTokenHash())] = r.id
+	}
+	sort.Strings(e.ids)
+	for _, id := range e.ids {
+		e.resume(e.runs[id])
+	}
+	return e, nil
+}
+
+// Close stops every timer and ends every stream and poll. Calls after Close
+// fail with ErrUnavailable.
+func (e *Engine) Close() {
+	if e.closed.Swap(true) {
+		return
+	}
+	close(e.closing)
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	for _, r := range e.runs {
+		r.mu.Lock()
+		r.stopTimers()
+		r.mu.Unlock()
+	}
+}
+
+// Healthy is nil while the engine can commit; after a failed commit it is
+// the cause, and every call fails with ErrUnavailable.
+func (e *Engine) Healthy() error {
+	if p := e.failed.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// RunForToken returns the run a run token belongs to.
+func (e *Engine) RunForToken(token string) (string, bool) {
+	h := hashToken(token)
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	id, ok := e.tokens[string(h)]
+	return id, ok
+}
+
+func (e *Engine) usable() error {
+	if e.closed.Load() {
+		return errorf(ErrUnavailable, "the coordinator is shutting down")
+	}
+	if e.Healthy() != nil {
+		return errorf(ErrUnavailable, "the coordinator cannot write to its data directory; it must be restarted")
+	}
+	return nil
+}
+
+func (e *Engine) run(id string) (*runState, error) {
+	if err := e.usable(); err != nil {
+		return nil, err
+	}
+	e.mu.RLock()
+	r := e.runs[id]
+	e.mu.RUnlock()
+	if r == nil {
+		return nil, errorf(ErrNotFound, "run %q not found", id)
+	}
+	return r, nil
+}
+
+// mutate runs fn on the run under its lock, submits what fn changed, and
+// waits until it (and everything fn saw) is durable. fn must check before it
+// changes anything: an error return must leave the run untouched.
+func (e *Engine) mutate(ctx context.Context, runID string, fn func(m *mut) error) error {
+	r, err := e.run(runID)
+	if err != nil {
+		return err
+	}
+	return e.mutateRun(ctx, r, fn)
+}
+
+func (e *Engine) mutateRun(ctx context.Context, r *runState, fn func(m *mut) error) error {
+	r.mu.Lock()
+	m := &mut{e: e, r: r, now: e.clk.Now()}
+	err := fn(m)
+	m.flush()
+	last := r.last
+	r.mu.Unlock()
+	if werr := e.wait(ctx, last); werr != nil {
+		return werr
+	}
+	return err
+}
+
+// view runs fn under the run's lock without changing anything, then waits
+// for the commit of the state fn saw.
+func (e *Engine) view(ctx context.Context, runID string, fn func(r *runState) error) error {
+	r, err := e.run(runID)
+	if err != nil {
+		return err
+	}
+	r.mu.Lock()
+	err = fn(r)
+	last := r.last
+	r.mu.Unlock()
+	if werr := e.wait(ctx, last); werr != nil {
+		return werr
+	}
+	return err
+}
+
+func (e *Engine) wait(ctx context.Context, p *store.Pending) error {
+	if p == nil {
+		return nil
+	}
+	if err := p.Wait(ctx); err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		e.fail(err)
+		return errorf(ErrUnavailable, "the coordinator cannot write to its data directory; it must be restarted")
+	}
+	return nil
+}
+
+func (e *Engine) fail(err error) {
+	if e.failed.CompareAndSwap(nil, &err) {
+		e.log.Error("store commit failed; refusing further changes until restart", "err", err)
+	}
+}
+
+// onTimer runs a timer callback as a mutation; nobody waits for its commit
+// but the commands and events it makes are published once durable.
+func (e *Engine) onTimer(r *runState, fn func(m *mut)) {
+	if e.usable() != nil {
+		return
+	}
+	err := e.mutateRun(context.Background(), r, func(m *mut) error { fn(m); return nil })
+	if err != nil && !errors.Is(err, ErrUnavailable) {
+		e.log.Error("timer", "run_id", r.id, "err", err)
+	}
+}

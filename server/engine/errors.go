@@ -1,0 +1,34 @@
+package engine
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Error kinds. The transport maps each kind to one gRPC status code; an error
+// of no kind is an internal error whose text is never shown to a client.
+var (
+	ErrInvalidArgument    = errors.New("invalid argument")
+	ErrNotFound           = errors.New("not found")
+	ErrAlreadyExists      = errors.New("already exists")
+	ErrFailedPrecondition = errors.New("failed precondition")
+	ErrPermissionDenied   = errors.New("permission denied")
+	ErrResourceExhausted  = errors.New("resource exhausted")
+	ErrUnavailable        = errors.New("unavailable")
+)
+
+// Error is a domain error whose message is safe to show a client: it names
+// the field or the object concerned and never carries internal detail.
+type Error struct {
+	Kind error
+	Msg  string
+}
+
+func (e *Error) Error() string { return e.Msg }
+
+// Unwrap lets errors.Is match the kind.
+func (e *Error) Unwrap() error { return e.Kind }
+
+func errorf(kind error, format string, args ...any) error {
+	return &Error{Kind: kind, Msg: fmt.Sprintf(format, args...)}
+}

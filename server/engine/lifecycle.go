@@ -1,0 +1,338 @@
+package engine
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"fmt"
+	"sort"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	storagev1 "github.com/snapcoord/snapcoord/api/snapcoord/storage/v1"
+	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+)
+
+const defaultPageSize = 100
+
+func (e *Engine) createRun(ctx context.Context, req *v1.CreateRunRequest) (*v1.CreateRunResponse, error) {
+	if err := e.usable(); err != nil {
+		return nil, err
+	}
+	now := e.clk.Now()
+	spec, err := normalizeSpec(req.GetSpec(), now)
+	if err != nil {
+		return nil, err
+	}
+	e.mu.Lock()
+	if r := e.runs[req.RunId]; r != nil {
+		e.mu.Unlock()
+		return e.createAgain(ctx, r, req.GetSpec())
+	}
+	if len(e.runs) >= e.opts.MaxRuns {
+		e.mu.Unlock()
+		return nil, errorf(ErrResourceExhausted, "limit max_runs (%d) reached", e.opts.MaxRuns)
+	}
+	token, hash := newToken()
+	r := newRunState(&storagev1.RunRecord{
+		Run: &v1.Run{
+			RunId: req.RunId, State: v1.RunState_RUN_STATE_PENDING, Spec: spec,
+			CreatedAt: timestamppb.New(now), Deadline: &v1.Deadline{},
+		},
+		RequestedSpec: req.GetSpec(),
+		TokenHash:     hash,
+	})
+	e.runs[r.id] = r
+	e.tokens[string(hash)] = r.id
+	i := sort.SearchStrings(e.ids, r.id)
+	e.ids = append(e.ids[:i], append([]string{r.id}, e.ids[i:]...)...)
+	// The run is locked before it is published in the map is released, so no
+	// other call sees it before its first record is submitted.
+	r.mu.Lock()
+	e.mu.Unlock()
+	m := &mut{e: e, r: r, now: now}
+	m.start()
+	m.flush()
+	view, last := r.view(), r.last
+	r.mu.Unlock()
+	if err := e.wait(ctx, last); err != nil {
+		return nil, err
+	}
+	return &v1.CreateRunResponse{Run: view, RunToken: token}, nil
+}
+
+// start records a new run and arms its timers.
+func (m *mut) start() {
+	b, err := mustSaveBy(m.r.rec.Run.Spec.StartedAt.AsTime(), m.r.rec.Run.Spec.Checkpointing.CheckpointMustSaveBy,
+		m.r.rec.Run.Spec.Checkpointing.MustSaveBy, "spec.checkpointing.")
+	if err == nil && !b.IsZero() {
+		m.r.rec.Run.Deadline.MustSaveBy = timestamppb.New(b)
+	}
+	m.event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_RUN_CREATED, State: m.r.state(),
+		Message: fmt.Sprintf("run created: %d trainer ranks, %s", m.r.rec.Run.Spec.TrainerWorldSize, describeDeadline(m.r))})
+	m.armPreStep()
+	m.armInterval(true)
+}
+
+func (e *Engine) createAgain(ctx context.Context, r *runState, spec *v1.RunSpec) (*v1.CreateRunResponse, error) {
+	var view *v1.Run
+	err := e.view(ctx, r.id, func(r *runState) error {
+		if !sameSpec(r.rec.Run.Spec, spec) {
+			return errorf(ErrAlreadyExists, "run %q already exists with a different spec", r.id)
+		}
+		view = r.view()
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &v1.CreateRunResponse{Run: view}, nil
+}
+
+func newToken() (token string, hash []byte) {
+	b := make([]byte, 32)
+	_, _ = rand.Read(b) // crypto/rand.Read never fails on supported platforms
+	token = "scr_" + base64.RawURLEncoding.EncodeToString(b)
+	return token, hashToken(token)
+}
+
+func hashToken(token string) []byte {
+	h := sha256.Sum256([]byte(token))
+	return h[:]
+}
+
+func (e *Engine) viewRun(ctx context.Context, runID string) (*v1.Run, error) {
+	var view *v1.Run
+	err := e.view(ctx, runID, func(r *runState) error { view = r.view(); return nil })
+	return view, err
+}
+
+func (e *Engine) listRuns(ctx context.Context, req *v1.ListRunsRequest) (*v1.ListRunsResponse, error) {
+	if err := e.usable(); err != nil {
+		return nil, err
+	}
+	after, err := decodePageToken(req.PageToken)
+	if err != nil {
+		return nil, err
+	}
+	size := int(req.PageSize)
+	if size == 0 {
+		size = defaultPageSize
+	}
+	e.mu.RLock()
+	i := sort.SearchStrings(e.ids, after)
+	if i < len(e.ids) && e.ids[i] == after {
+		i++
+	}
+	rest := make([]*runState, 0, len(e.ids)-i)
+	for _, id := range e.ids[i:] {
+		rest = append(rest, e.runs[id])
+	}
+	e.mu.RUnlock()
+	resp := &v1.ListRunsResponse{}
+	for _, r := range rest {
+		if len(resp.Runs) == size {
+			resp.NextPageToken = encodePageToken(resp.Runs[size-1].RunId)
+			break
+		}
+		var view *v1.Run
+		if err := e.view(ctx, r.id, func(r *runState) error {
+			if req.State == v1.RunState_RUN_STATE_UNSPECIFIED || r.state() == req.State {
+				view = r.view()
+			}
+			return nil
+		}); err != nil {
+			return nil, err
+		}
+		if view != nil {
+			resp.Runs = append(resp.Runs, view)
+		}
+	}
+	return resp, nil
+}
+
+func encodePageToken(lastID string) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(lastID))
+}
+
+func decodePageToken(tok string) (string, error) {
+	if tok == "" {
+		return "", nil
+	}
+	b, err := base64.RawURLEncoding.DecodeString(tok)
+	if err != nil || !validRunID(string(b)) {
+		return "", errorf(ErrInvalidArgument, "page_token: not a token returned by ListRuns")
+	}
+	return string(b), nil
+}
+
+func validRunID(s string) bool {
+	if len(s) == 0 || len(s) > 128 {
+		return false
+	}
+	for i, c := range s {
+		ok := c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || i > 0 && (c == '.' || c == '_' || c == '-')
+		if !ok {
+			return false
+		}
+	}
+	return true
+}
+
+func (e *Engine) updateDeadline(ctx context.Context, req *v1.UpdateDeadlineRequest) (*v1.Run, error) {
+	if req.CheckpointMustSaveBy == "" && req.MustSaveBy == nil {
+		return nil, errorf(ErrInvalidArgument, "checkpoint_must_save_by: give checkpoint_must_save_by or must_save_by")
+	}
+	err := e.mutate(ctx, req.RunId, func(m *mut) error {
+		r := m.r
+		b, err := mustSaveBy(r.rec.Run.Spec.StartedAt.AsTime(), req.CheckpointMustSaveBy, req.MustSaveBy, "")
+		if err != nil {
+			return err
+		}
+		if r.terminal() || r.fired() {
+			return errorf(ErrFailedPrecondition, "run %q: the deadline can no longer be moved (run is %s)", r.id, stateName(r.state()))
+		}
+		old := describeDeadline(r)
+		r.rec.Run.Deadline.MustSaveBy = timestamppb.New(b)
+		m.event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_DEADLINE_UPDATED,
+			Message: fmt.Sprintf("deadline moved: %s -> %s", old, describeDeadline(r))})
+		m.armPreStep()
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return e.viewRun(ctx, req.RunId)
+}
+
+func (e *Engine) triggerDeadline(ctx context.Context, req *v1.TriggerDeadlineRequest) (*v1.Run, error) {
+	err := e.mutate(ctx, req.RunId, func(m *mut) error {
+		r := m.r
+		if r.terminal() || r.fired() {
+			return errorf(ErrFailedPrecondition, "run %q: the deadline already fired or the run is over (run is %s)", r.id, stateName(r.state()))
+		}
+		reason := req.Reason
+		if reason == "" {
+			reason = "triggered by an operator"
+		}
+		if r.rec.Run.LastStep == 0 {
+			m.fire(v1.DeadlineFireKind_DEADLINE_FIRE_KIND_MANUAL, 0, reason)
+			m.startDeadlineSave(0)
+		} else if !r.rec.ManualFirePending {
+			r.rec.ManualFirePending = true
+			r.rec.ManualFireReason = reason
+			m.event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_WARNING,
+				Message: "deadline triggered by hand (" + reason + "): the next completed step saves and stops"})
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return e.viewRun(ctx, req.RunId)
+}
+
+func (e *Engine) cancelRun(ctx context.Context, req *v1.CancelRunRequest) (*v1.Run, error) {
+	err := e.mutate(ctx, req.RunId, func(m *mut) error {
+		r := m.r
+		if r.state() == v1.RunState_RUN_STATE_CANCELLED {
+			return nil
+		}
+		if r.terminal() {
+			return errorf(ErrFailedPrecondition, "run %q is already %s", r.id, stateName(r.state()))
+		}
+		reason := req.Reason
+		if reason == "" {
+			reason = "cancelled by an operator"
+		}
+		r.rec.Run.FailureMessage = reason
+		m.terminate(v1.RunState_RUN_STATE_CANCELLED, reason)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return e.viewRun(ctx, req.RunId)
+}
+
+func (e *Engine) finishRun(ctx context.Context, req *v1.FinishRunRequest) (*v1.FinishRunResponse, error) {
+	var state v1.RunState
+	err := e.mutate(ctx, req.RunId, func(m *mut) error {
+		r := m.r
+		if _, err := m.worker(req.WorkerId, v1.WorkerRole_WORKER_ROLE_TRAINER, "FinishRun"); err != nil {
+			return err
+		}
+		state = r.state()
+		switch {
+		case state == v1.RunState_RUN_STATE_COMPLETED:
+			return nil
+		case r.terminal():
+			return errorf(ErrFailedPrecondition, "run %q is already %s", r.id, stateName(state))
+		case r.fired():
+			return errorf(ErrFailedPrecondition, "run %q: the deadline sequence is in progress (%s); the run stops when it ends", r.id, stateName(state))
+		}
+		m.terminate(v1.RunState_RUN_STATE_COMPLETED, "training finished")
+		state = r.state()
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &v1.FinishRunResponse{RunState: state}, nil
+}
+
+// setState moves the run to s and records it.
+func (m *mut) setState(s v1.RunState, why string) {
+	if m.r.state() == s {
+		return
+	}
+	m.r.rec.Run.State = s
+	m.event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_STATE_CHANGED, State: s,
+		Message: stateName(s) + ": " + why})
+}
+
+// terminate ends the run: final state, Stop to every worker, no more timers.
+func (m *mut) terminate(s v1.RunState, reason string) {
+	m.setState(s, reason)
+	m.r.rec.Run.EndedAt = m.ts()
+	m.command(v1.WorkerRole_WORKER_ROLE_UNSPECIFIED, &v1.Command{Kind: &v1.Command_Stop{
+		Stop: &v1.StopCommand{Reason: stateName(s) + ": " + reason}}})
+	for k := range m.r.timers {
+		m.disarm(k)
+	}
+}
+
+// resume re-arms a loaded run's timers and gives its workers a grace period.
+func (e *Engine) resume(r *runState) {
+	r.mu.Lock()
+	m := &mut{e: e, r: r, now: e.clk.Now()}
+	if !r.terminal() {
+		m.armPreStep()
+		m.armInterval(false)
+		m.armSnapshotTimeout()
+		for _, w := range r.workers {
+			if w.w.State == v1.WorkerState_WORKER_STATE_LIVE {
+				m.renewLease(w, e.opts.RestartGrace)
+			}
+		}
+	}
+	m.flush()
+	r.mu.Unlock()
+}
+
+func stateName(s v1.RunState) string {
+	name := s.String()
+	if len(name) > len("RUN_STATE_") {
+		return name[len("RUN_STATE_"):]
+	}
+	return name
+}
+
+func describeDeadline(r *runState) string {
+	b, ok := r.mustSaveBy()
+	if !ok {
+		return "no deadline"
+	}
+	return "B = " + b.UTC().Format("2006-01-02T15:04:05Z07:00")
+}

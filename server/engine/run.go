@@ -1,0 +1,297 @@
+package engine
+
+import (
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	storagev1 "github.com/snapcoord/snapcoord/api/snapcoord/storage/v1"
+	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+	"github.com/snapcoord/snapcoord/server/clock"
+	"github.com/snapcoord/snapcoord/store"
+)
+
+// timer kinds, each with at most one armed timer per run.
+const (
+	timerPreStep = iota
+	timerInterval
+	timerSnapshot
+	numTimers
+)
+
+// runState is one run in memory. Everything but the atomics and the notify
+// channel is guarded by mu.
+type runState struct {
+	id string
+	mu sync.Mutex
+
+	rec       *storagev1.RunRecord
+	steps     map[int64]*storagev1.StepRecord
+	workers   map[string]*workerState // by worker id
+	byName    map[string]*workerState
+	snapshots map[string]*v1.Snapshot
+	snapOrder []*v1.Snapshot
+	events    []*v1.RunEvent // kept events, by seq
+	commands  []*v1.Command  // the whole command log, by seq
+
+	timers   [numTimers]clock.Timer
+	timerGen [numTimers]uint64
+
+	last *store.Pending // the latest batch submitted for this run
+
+	// Highest sequence numbers known durable; streams deliver up to these.
+	durableCmd   atomic.Int64
+	durableEvent atomic.Int64
+	notifyMu     sync.Mutex
+	notify       chan struct{} // closed and replaced when something becomes durable
+}
+
+type workerState struct {
+	w     *v1.Worker
+	lease time.Time // in memory: heartbeats are not fsynced
+	timer clock.Timer
+}
+
+func newRunState(rec *storagev1.RunRecord) *runState {
+	return &runState{
+		id: rec.Run.RunId, rec: rec,
+		steps: map[int64]*storagev1.StepRecord{}, workers: map[string]*workerState{},
+		byName: map[string]*workerState{}, snapshots: map[string]*v1.Snapshot{},
+		notify: make(chan struct{}),
+	}
+}
+
+func loadRun(d *store.RunData) *runState {
+	r := newRunState(d.Record)
+	for _, s := range d.Steps {
+		r.steps[s.Step] = s
+	}
+	for _, w := range d.Workers {
+		ws := &workerState{w: w}
+		r.workers[w.WorkerId] = ws
+		r.byName[w.Name] = ws
+	}
+	for _, s := range d.Snapshots {
+		r.snapshots[s.SnapshotId] = s
+		r.snapOrder = append(r.snapOrder, s)
+	}
+	sort.SliceStable(r.snapOrder, func(i, j int) bool {
+		return snapshotNum(r.snapOrder[i].SnapshotId) < snapshotNum(r.snapOrder[j].SnapshotId)
+	})
+	r.events = d.Events
+	r.commands = d.Commands
+	r.durableCmd.Store(r.rec.LastCommandSeq)
+	r.durableEvent.Store(r.rec.Run.LastEventSeq)
+	return r
+}
+
+func (r *runState) state() v1.RunState { return r.rec.Run.State }
+
+func (r *runState) terminal() bool { return isTerminal(r.state()) }
+
+func isTerminal(s v1.RunState) bool {
+	switch s {
+	case v1.RunState_RUN_STATE_STOPPED, v1.RunState_RUN_STATE_COMPLETED,
+		v1.RunState_RUN_STATE_FAILED, v1.RunState_RUN_STATE_CANCELLED:
+		return true
+	}
+	return false
+}
+
+func (r *runState) fired() bool { return r.rec.Run.FiredAt != nil }
+
+// changed returns the channel closed at the next durable change.
+func (r *runState) changed() <-chan struct{} {
+	r.notifyMu.Lock()
+	defer r.notifyMu.Unlock()
+	return r.notify
+}
+
+func (r *runState) broadcast() {
+	r.notifyMu.Lock()
+	close(r.notify)
+	r.notify = make(chan struct{})
+	r.notifyMu.Unlock()
+}
+
+func (r *runState) stopTimers() {
+	for k, t := range r.timers {
+		if t != nil {
+			t.Stop()
+			r.timers[k] = nil
+		}
+		r.timerGen[k]++
+	}
+	for _, w := range r.workers {
+		if w.timer != nil {
+			w.timer.Stop()
+			w.timer = nil
+		}
+	}
+}
+
+// mut is one mutation of one run, made under the run's lock.
+type mut struct {
+	e        *Engine
+	r        *runState
+	now      time.Time
+	b        store.Batch
+	runDirty bool
+	notify   bool
+	after    []func() // observer calls, made after the lock is released
+}
+
+func (m *mut) ts() *timestamppb.Timestamp { return timestamppb.New(m.now) }
+
+func (m *mut) dirty() { m.runDirty = true }
+
+func (m *mut) observe(f func()) { m.after = append(m.after, f) }
+
+func (m *mut) putStep(s *storagev1.StepRecord) {
+	m.r.steps[s.Step] = s
+	m.b.PutStep(m.r.id, s)
+}
+
+func (m *mut) putWorker(w *workerState) { m.b.PutWorker(m.r.id, w.w) }
+
+func (m *mut) putSnapshot(s *v1.Snapshot) { m.b.PutSnapshot(m.r.id, s) }
+
+// event appends a run event.
+func (m *mut) event(ev *v1.RunEvent) {
+	run := m.r.rec.Run
+	run.LastEventSeq++
+	ev.Seq = run.LastEventSeq
+	ev.At = m.ts()
+	m.r.events = append(m.r.events, ev)
+	m.b.PutEvent(m.r.id, ev)
+	m.dirty()
+	m.notify = true
+}
+
+// command appends to the command log, and records that it did.
+func (m *mut) command(audience v1.WorkerRole, c *v1.Command) *v1.Command {
+	m.r.rec.LastCommandSeq++
+	c.Seq = m.r.rec.LastCommandSeq
+	c.IssuedAt = m.ts()
+	c.Audience = audience
+	m.r.commands = append(m.r.commands, c)
+	m.b.PutCommand(m.r.id, c)
+	kind := commandKind(c)
+	m.event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_COMMAND_ISSUED, CommandSeq: c.Seq,
+		Message: "command " + kind + " issued to " + audienceName(audience)})
+	m.observe(func() { m.e.obs.CommandIssued(kind) })
+	return c
+}
+
+// flush submits what the mutation changed. Called with the run locked.
+func (m *mut) flush() {
+	r := m.r
+	if m.runDirty {
+		m.trimEvents()
+		r.rec.Run.Deadline = m.e.deadlineView(r)
+		m.b.PutRun(r.rec)
+	}
+	if m.b.Len() > 0 {
+		p := m.e.st.Submit(&m.b)
+		r.last = p
+		if m.notify {
+			go m.e.publish(r, p, r.rec.LastCommandSeq, r.rec.Run.LastEventSeq)
+		}
+	}
+	if len(m.after) > 0 {
+		after := m.after
+		go func() {
+			for _, f := range after {
+				f()
+			}
+		}()
+	}
+}
+
+func (m *mut) trimEvents() {
+	max := m.e.opts.MaxEventsPerRun
+	if len(m.r.events) <= max {
+		return
+	}
+	drop := len(m.r.events) - max
+	m.b.DeleteEventsThrough(m.r.id, m.r.events[drop-1].Seq)
+	m.r.events = append([]*v1.RunEvent(nil), m.r.events[drop:]...)
+}
+
+// publish makes commands and events visible to streams once durable.
+func (e *Engine) publish(r *runState, p *store.Pending, cmdSeq, eventSeq int64) {
+	<-p.Done()
+	if err := p.Err(); err != nil {
+		e.fail(err)
+		return
+	}
+	raise(&r.durableCmd, cmdSeq)
+	raise(&r.durableEvent, eventSeq)
+	r.broadcast()
+}
+
+func raise(a *atomic.Int64, v int64) {
+	for {
+		cur := a.Load()
+		if v <= cur || a.CompareAndSwap(cur, v) {
+			return
+		}
+	}
+}
+
+// arm (re)schedules the run's timer of the given kind; the callback runs only
+// if no later arm or stop superseded it.
+func (m *mut) arm(kind int, at time.Time, fn func(m *mut)) {
+	r := m.r
+	m.disarm(kind)
+	gen := r.timerGen[kind]
+	r.timers[kind] = m.e.clk.AfterFunc(at.Sub(m.now), func() {
+		m.e.onTimer(r, func(m *mut) {
+			if r.timerGen[kind] != gen {
+				return
+			}
+			r.timers[kind] = nil
+			fn(m)
+		})
+	})
+}
+
+func (m *mut) disarm(kind int) {
+	r := m.r
+	if r.timers[kind] != nil {
+		r.timers[kind].Stop()
+		r.timers[kind] = nil
+	}
+	r.timerGen[kind]++
+}
+
+// view returns a copy of the run safe to hand out after the lock is released.
+func (r *runState) view() *v1.Run { return proto.Clone(r.rec.Run).(*v1.Run) }
+
+func commandKind(c *v1.Command) string {
+	switch c.Kind.(type) {
+	case *v1.Command_SaveAtDeadline:
+		return "save_at_deadline"
+	case *v1.Command_Snapshot:
+		return "snapshot"
+	case *v1.Command_PublishCheckpoint:
+		return "publish_checkpoint"
+	case *v1.Command_Stop:
+		return "stop"
+	}
+	return "unknown"
+}
+
+func audienceName(r v1.WorkerRole) string {
+	switch r {
+	case v1.WorkerRole_WORKER_ROLE_TRAINER:
+		return "trainers"
+	case v1.WorkerRole_WORKER_ROLE_ENVIRONMENT:
+		return "environment workers"
+	}
+	return "all workers"
+}

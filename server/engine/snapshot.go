@@ -1,0 +1,309 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+)
+
+func snapshotNum(id string) int64 {
+	n, _ := strconv.ParseInt(strings.TrimPrefix(id, "snap-"), 10, 64)
+	return n
+}
+
+func (m *mut) snapshotTimeout() time.Duration {
+	return time.Duration(m.r.rec.Run.Spec.RolloutCheckpointing.SnapshotTimeoutS) * time.Second
+}
+
+func (m *mut) activeSnapshot() *v1.Snapshot {
+	return m.r.snapshots[m.r.rec.ActiveSnapshotId]
+}
+
+// trySnapshot issues a snapshot outside the deadline unless one is in flight
+// or no environment worker is live; a skip is recorded as an event.
+func (m *mut) trySnapshot(reason v1.SnapshotReason, anchor int64) {
+	skip := ""
+	if a := m.activeSnapshot(); a != nil {
+		skip = "snapshot " + a.SnapshotId + " is still in flight"
+	} else if len(m.liveWorkers(v1.WorkerRole_WORKER_ROLE_ENVIRONMENT)) == 0 {
+		skip = "no environment worker is live"
+	}
+	if skip != "" {
+		m.event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_SNAPSHOT_TICK_SKIPPED, Step: anchor,
+			Message: fmt.Sprintf("%s snapshot skipped: %s", reasonName(reason), skip)})
+		return
+	}
+	m.issueSnapshot(reason, anchor, false, nil)
+}
+
+// issueSnapshot records a snapshot expected from every live environment
+// worker and sends them the command.
+func (m *mut) issueSnapshot(reason v1.SnapshotReason, anchor int64, forced bool, mustFinish *timestamppb.Timestamp) *v1.Snapshot {
+	r := m.r
+	if a := m.activeSnapshot(); a != nil {
+		// Only the deadline snapshot can overtake another: it supersedes it.
+		m.completeSnapshot(a, v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SKIPPED, "superseded by the deadline snapshot")
+	}
+	r.rec.LastSnapshotNum++
+	s := &v1.Snapshot{
+		SnapshotId: fmt.Sprintf("snap-%d", r.rec.LastSnapshotNum), Reason: reason, AnchorStep: anchor,
+		Forced: forced, IssuedAt: m.ts(), MustFinishBy: mustFinish,
+	}
+	for _, w := range m.liveWorkers(v1.WorkerRole_WORKER_ROLE_ENVIRONMENT) {
+		s.ExpectedWorkerIds = append(s.ExpectedWorkerIds, w.w.WorkerId)
+	}
+	r.snapshots[s.SnapshotId] = s
+	r.snapOrder = append(r.snapOrder, s)
+	r.rec.ActiveSnapshotId = s.SnapshotId
+	m.putSnapshot(s)
+	m.event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_SNAPSHOT_ISSUED, SnapshotId: s.SnapshotId, Step: anchor,
+		Message: fmt.Sprintf("%s snapshot %s issued to %d environment workers (anchor step %d)",
+			reasonName(reason), s.SnapshotId, len(s.ExpectedWorkerIds), anchor)})
+	cmd := &v1.Command{Kind: &v1.Command_Snapshot{Snapshot: &v1.SnapshotCommand{
+		SnapshotId: s.SnapshotId, Reason: reason, AnchorStep: anchor, Forced: forced}}}
+	if reason == v1.SnapshotReason_SNAPSHOT_REASON_DEADLINE {
+		cmd.Kind = &v1.Command_SaveAtDeadline{SaveAtDeadline: &v1.SaveAtDeadlineCommand{
+			SnapshotId: s.SnapshotId, AnchorStep: anchor, MustFinishBy: mustFinish}}
+	}
+	m.command(v1.WorkerRole_WORKER_ROLE_ENVIRONMENT, cmd)
+	m.armSnapshotTimeout()
+	return s
+}
+
+func (m *mut) snapshotDeadline(s *v1.Snapshot) time.Time {
+	if s.MustFinishBy != nil {
+		return s.MustFinishBy.AsTime()
+	}
+	return s.IssuedAt.AsTime().Add(m.snapshotTimeout())
+}
+
+func (m *mut) armSnapshotTimeout() {
+	s := m.activeSnapshot()
+	if s == nil {
+		m.disarm(timerSnapshot)
+		return
+	}
+	m.arm(timerSnapshot, m.snapshotDeadline(s), func(m *mut) {
+		if a := m.activeSnapshot(); a == s {
+			m.completeSnapshot(s, v1.SnapshotOutcome_SNAPSHOT_OUTCOME_TIMEOUT,
+				"not every environment worker reported by "+m.snapshotDeadline(s).UTC().Format(time.RFC3339))
+		}
+	})
+}
+
+func (e *Engine) reportSnapshot(ctx context.Context, req *v1.ReportSnapshotRequest) (*v1.ReportSnapshotResponse, error) {
+	var state v1.RunState
+	err := e.mutate(ctx, req.RunId, func(m *mut) error {
+		w, err := m.worker(req.WorkerId, v1.WorkerRole_WORKER_ROLE_ENVIRONMENT, "ReportSnapshot")
+		if err != nil {
+			return err
+		}
+		err = m.snapshotReport(w, req)
+		state = m.r.state()
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &v1.ReportSnapshotResponse{RunState: state}, nil
+}
+
+func (m *mut) snapshotReport(w *workerState, req *v1.ReportSnapshotRequest) error {
+	r := m.r
+	s := r.snapshots[req.SnapshotId]
+	if s == nil {
+		return errorf(ErrNotFound, "snapshot_id: snapshot %q was never issued in run %q", req.SnapshotId, r.id)
+	}
+	for _, rep := range s.Reports {
+		if rep.WorkerId == w.w.WorkerId {
+			return nil // a retry: the first report stands
+		}
+	}
+	if r.terminal() {
+		return errorf(ErrFailedPrecondition, "run %q is %s: no new snapshot reports", r.id, stateName(r.state()))
+	}
+	s.Reports = append(s.Reports, &v1.SnapshotReport{WorkerId: w.w.WorkerId, Outcome: req.Outcome,
+		DurationSeconds: req.DurationSeconds, Message: req.Message, ReportedAt: m.ts()})
+	m.putSnapshot(s)
+	if s.CompletedAt == nil {
+		m.checkSnapshotDone(s)
+	}
+	return nil
+}
+
+// checkSnapshotDone completes the snapshot once every expected worker that
+// is still live has reported, or at the first invariant failure.
+func (m *mut) checkSnapshotDone(s *v1.Snapshot) {
+	reported := map[string]*v1.SnapshotReport{}
+	for _, rep := range s.Reports {
+		reported[rep.WorkerId] = rep
+		if rep.Outcome == v1.SnapshotOutcome_SNAPSHOT_OUTCOME_INVARIANT_FAILURE {
+			m.completeSnapshot(s, rep.Outcome, fmt.Sprintf("worker %s: %s", rep.WorkerId, rep.Message))
+			return
+		}
+	}
+	for _, id := range s.ExpectedWorkerIds {
+		w := m.r.workers[id]
+		if reported[id] == nil && w != nil && w.w.State == v1.WorkerState_WORKER_STATE_LIVE {
+			return // still waiting for a live worker
+		}
+	}
+	outcome, why := combineOutcomes(s, reported, m.r.workers)
+	m.completeSnapshot(s, outcome, why)
+}
+
+// combineOutcomes is the snapshot's outcome from its reports: any missing or
+// TIMEOUT -> TIMEOUT, else any IO_ERROR, else all SKIPPED (or a forced
+// snapshot with a skip) -> SKIPPED, else SAVED.
+func combineOutcomes(s *v1.Snapshot, reported map[string]*v1.SnapshotReport, workers map[string]*workerState) (v1.SnapshotOutcome, string) {
+	var saved, skipped, ioErr, timeout []string
+	for _, id := range s.ExpectedWorkerIds {
+		rep := reported[id]
+		switch {
+		case rep == nil:
+			timeout = append(timeout, id+" ("+workerStateName(workers[id])+")")
+		case rep.Outcome == v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SAVED:
+			saved = append(saved, id)
+		case rep.Outcome == v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SKIPPED:
+			skipped = append(skipped, id)
+		case rep.Outcome == v1.SnapshotOutcome_SNAPSHOT_OUTCOME_IO_ERROR:
+			ioErr = append(ioErr, id+": "+rep.Message)
+		default:
+			timeout = append(timeout, id)
+		}
+	}
+	switch {
+	case len(timeout) > 0:
+		return v1.SnapshotOutcome_SNAPSHOT_OUTCOME_TIMEOUT, "no report in time from " + strings.Join(timeout, ", ")
+	case len(ioErr) > 0:
+		return v1.SnapshotOutcome_SNAPSHOT_OUTCOME_IO_ERROR, "I/O error on " + strings.Join(ioErr, "; ")
+	case len(s.ExpectedWorkerIds) == 0:
+		return v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SKIPPED, "no environment worker was live"
+	case len(saved) == 0 || s.Forced && len(skipped) > 0:
+		return v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SKIPPED, "skipped by " + strings.Join(skipped, ", ")
+	}
+	return v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SAVED, fmt.Sprintf("saved by %d environment workers", len(saved))
+}
+
+func workerStateName(w *workerState) string {
+	if w == nil {
+		return "unknown"
+	}
+	return strings.ToLower(strings.TrimPrefix(w.w.State.String(), "WORKER_STATE_"))
+}
+
+// completeSnapshot closes a snapshot and applies its outcome to the run.
+func (m *mut) completeSnapshot(s *v1.Snapshot, outcome v1.SnapshotOutcome, why string) {
+	r := m.r
+	s.CompletedAt = m.ts()
+	s.Outcome = outcome
+	s.Message = why
+	s.DurationSeconds = m.now.Sub(s.IssuedAt.AsTime()).Seconds()
+	if n := len(s.Reports); n > 0 && outcome != v1.SnapshotOutcome_SNAPSHOT_OUTCOME_TIMEOUT {
+		s.DurationSeconds = s.Reports[n-1].ReportedAt.AsTime().Sub(s.IssuedAt.AsTime()).Seconds()
+	}
+	m.putSnapshot(s)
+	if r.rec.ActiveSnapshotId == s.SnapshotId {
+		r.rec.ActiveSnapshotId = ""
+		m.disarm(timerSnapshot)
+	}
+	m.event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_SNAPSHOT_COMPLETED, SnapshotId: s.SnapshotId, Step: s.AnchorStep,
+		Message: fmt.Sprintf("snapshot %s %s after %.3g s: %s", s.SnapshotId, outcomeName(outcome), s.DurationSeconds, why)})
+	reason, dur := s.Reason, s.DurationSeconds
+	m.observe(func() { m.e.obs.SnapshotCompleted(reason, outcome, dur) })
+	if outcome == v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SAVED {
+		m.recordReserve(s.DurationSeconds)
+	}
+	if s.SnapshotId == r.rec.DeadlineSnapshotId {
+		m.finishDeadline(s)
+		return
+	}
+	m.countFailures(s)
+}
+
+// recordReserve feeds R: the window keeps the latest SAVED durations.
+func (m *mut) recordReserve(sec float64) {
+	r := m.r
+	w := int(r.rec.Run.Spec.Reserve.Window)
+	r.rec.SavedSnapshotSeconds = append(r.rec.SavedSnapshotSeconds, sec)
+	if n := len(r.rec.SavedSnapshotSeconds); n > w {
+		r.rec.SavedSnapshotSeconds = append([]float64(nil), r.rec.SavedSnapshotSeconds[n-w:]...)
+	}
+	m.dirty()
+	m.armPreStep() // R moved, and with it the pre-step deadline
+}
+
+func (m *mut) countFailures(s *v1.Snapshot) {
+	r := m.r
+	limit := r.rec.Run.Spec.RolloutCheckpointing.MaxConsecutiveFailures
+	switch s.Outcome {
+	case v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SAVED:
+		r.rec.ConsecutiveFailures = 0
+	case v1.SnapshotOutcome_SNAPSHOT_OUTCOME_INVARIANT_FAILURE:
+		m.failRun("invariant failure in snapshot " + s.SnapshotId + ": " + s.Message)
+	case v1.SnapshotOutcome_SNAPSHOT_OUTCOME_IO_ERROR, v1.SnapshotOutcome_SNAPSHOT_OUTCOME_TIMEOUT:
+		r.rec.ConsecutiveFailures++
+		if r.rec.ConsecutiveFailures >= limit {
+			m.failRun(fmt.Sprintf("%d consecutive snapshot failures (max_consecutive_failures %d); last: %s",
+				r.rec.ConsecutiveFailures, limit, s.Message))
+		}
+	}
+	m.dirty()
+}
+
+// finishDeadline ends the deadline sequence from its snapshot's outcome.
+func (m *mut) finishDeadline(s *v1.Snapshot) {
+	switch s.Outcome {
+	case v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SAVED:
+		m.terminate(v1.RunState_RUN_STATE_STOPPED, fmt.Sprintf("deadline save complete: checkpoint of step %d and snapshot %s saved", s.AnchorStep, s.SnapshotId))
+	case v1.SnapshotOutcome_SNAPSHOT_OUTCOME_INVARIANT_FAILURE:
+		m.failRun("invariant failure in deadline snapshot " + s.SnapshotId + ": " + s.Message)
+	default:
+		m.event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_WARNING, SnapshotId: s.SnapshotId, Step: s.AnchorStep,
+			Message: fmt.Sprintf("deadline snapshot %s %s (%s); the trainer checkpoint of step %d is durable, so checkpoint state is consistent",
+				s.SnapshotId, outcomeName(s.Outcome), s.Message, s.AnchorStep)})
+		m.terminate(v1.RunState_RUN_STATE_STOPPED, fmt.Sprintf("deadline save ended with snapshot %s %s", s.SnapshotId, outcomeName(s.Outcome)))
+	}
+}
+
+func (m *mut) failRun(msg string) {
+	m.r.rec.Run.FailureMessage = msg
+	m.terminate(v1.RunState_RUN_STATE_FAILED, msg)
+}
+
+// armInterval arms the next interval snapshot. fresh restarts the period
+// (a new run); otherwise the stored due time stands (a restart).
+func (m *mut) armInterval(fresh bool) {
+	r := m.r
+	iv := r.rec.Run.Spec.RolloutCheckpointing.SnapshotAttemptIntervalS
+	if iv == nil || r.fired() || r.terminal() {
+		m.disarm(timerInterval)
+		return
+	}
+	period := time.Duration(*iv) * time.Second
+	if fresh || r.rec.NextIntervalAt == nil {
+		r.rec.NextIntervalAt = timestamppb.New(m.now.Add(period))
+		m.dirty()
+	}
+	m.arm(timerInterval, r.rec.NextIntervalAt.AsTime(), func(m *mut) {
+		if m.r.fired() || m.r.terminal() {
+			return
+		}
+		m.trySnapshot(v1.SnapshotReason_SNAPSHOT_REASON_INTERVAL, m.r.rec.Run.LastPublishedStep)
+		m.armInterval(true)
+	})
+}
+
+func reasonName(r v1.SnapshotReason) string {
+	return strings.ToLower(strings.ReplaceAll(strings.TrimPrefix(r.String(), "SNAPSHOT_REASON_"), "_", " "))
+}
+
+func outcomeName(o v1.SnapshotOutcome) string {
+	return strings.TrimPrefix(o.String(), "SNAPSHOT_OUTCOME_")
+}

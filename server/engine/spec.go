@@ -1,0 +1,181 @@
+package engine
+
+import (
+	"time"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+	"github.com/snapcoord/snapcoord/server/deadline"
+)
+
+// Spec defaults (DESIGN.md).
+const (
+	defaultMaxConsecutiveFailures = 3
+	defaultSnapshotTimeoutS       = 600
+	defaultReserveWindow          = 5
+)
+
+// normalizeSpec checks the rules that span fields (protovalidate checked each
+// field on its own) and returns the spec with defaults filled in. now is the
+// default started_at.
+func normalizeSpec(in *v1.RunSpec, now time.Time) (*v1.RunSpec, error) {
+	if in == nil {
+		return nil, errorf(ErrInvalidArgument, "spec: required")
+	}
+	s := proto.Clone(in).(*v1.RunSpec)
+	if s.TrainerWorldSize < 1 {
+		return nil, errorf(ErrInvalidArgument, "spec.trainer_world_size: must be at least 1")
+	}
+	if s.StartedAt == nil {
+		s.StartedAt = timestamppb.New(now)
+	}
+	fillDefaults(s)
+	if _, err := mustSaveBy(s.StartedAt.AsTime(), s.Checkpointing.CheckpointMustSaveBy, s.Checkpointing.MustSaveBy, "spec.checkpointing."); err != nil {
+		return nil, err
+	}
+	if err := checkSaves(s); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+func fillDefaults(s *v1.RunSpec) {
+	if s.Checkpointing == nil {
+		s.Checkpointing = &v1.CheckpointingSpec{}
+	}
+	if s.RolloutCheckpointing == nil {
+		s.RolloutCheckpointing = &v1.RolloutCheckpointingSpec{}
+	}
+	rc := s.RolloutCheckpointing
+	if rc.SnapshotOnTrainerCheckpoint == nil {
+		rc.SnapshotOnTrainerCheckpoint = proto.Bool(true)
+	}
+	if rc.MaxConsecutiveFailures == 0 {
+		rc.MaxConsecutiveFailures = defaultMaxConsecutiveFailures
+	}
+	if rc.SnapshotTimeoutS == 0 {
+		rc.SnapshotTimeoutS = defaultSnapshotTimeoutS
+	}
+	if s.RolloutRecovery == nil {
+		s.RolloutRecovery = &v1.RolloutRecoverySpec{}
+	}
+	if s.RolloutRecovery.TargetLevel == v1.TargetLevel_TARGET_LEVEL_UNSPECIFIED {
+		s.RolloutRecovery.TargetLevel = v1.TargetLevel_TARGET_LEVEL_PROMPT_GROUP
+	}
+	if s.Reserve == nil {
+		s.Reserve = &v1.ReserveSpec{}
+	}
+	if s.Reserve.Window == 0 {
+		s.Reserve.Window = defaultReserveWindow
+	}
+}
+
+// checkSaves rejects specs that would never save environment state, or that
+// would snapshot a checkpoint before it is published.
+func checkSaves(s *v1.RunSpec) error {
+	rc := s.RolloutCheckpointing
+	fineLevel := needsSnapshots(s.RolloutRecovery.TargetLevel)
+	hasDeadline := s.Checkpointing.CheckpointMustSaveBy != "" || s.Checkpointing.MustSaveBy != nil
+	afterCheckpoint := fineLevel && rc.GetSnapshotOnTrainerCheckpoint()
+	if fineLevel && !rc.GetSnapshotOnTrainerCheckpoint() && rc.SnapshotAttemptIntervalS == nil && !hasDeadline {
+		return errorf(ErrInvalidArgument, "spec.rollout_checkpointing.snapshot_on_trainer_checkpoint: false at %s level with no snapshot_attempt_interval_s and no checkpointing deadline would never save environment state",
+			s.RolloutRecovery.TargetLevel)
+	}
+	if !s.Checkpointing.DeferredFinalize {
+		return nil
+	}
+	if rc.SnapshotAttemptIntervalS != nil {
+		return errorf(ErrInvalidArgument, "spec.rollout_checkpointing.snapshot_attempt_interval_s: not allowed with checkpointing.deferred_finalize (a snapshot must be anchored to a published checkpoint)")
+	}
+	if afterCheckpoint {
+		return errorf(ErrInvalidArgument, "spec.rollout_checkpointing.snapshot_on_trainer_checkpoint: must be false at %s level with checkpointing.deferred_finalize (a snapshot must be anchored to a published checkpoint); deadline-only snapshots are allowed",
+			s.RolloutRecovery.TargetLevel)
+	}
+	return nil
+}
+
+// mustSaveBy resolves B from either form; the zero time means no deadline.
+// prefix names the fields in errors.
+func mustSaveBy(startedAt time.Time, budget string, abs *timestamppb.Timestamp, prefix string) (time.Time, error) {
+	if budget != "" && abs != nil {
+		return time.Time{}, errorf(ErrInvalidArgument, "%scheckpoint_must_save_by: give either checkpoint_must_save_by or must_save_by, not both", prefix)
+	}
+	if abs != nil {
+		if err := abs.CheckValid(); err != nil {
+			return time.Time{}, errorf(ErrInvalidArgument, "%smust_save_by: not a valid timestamp", prefix)
+		}
+		return abs.AsTime(), nil
+	}
+	if budget == "" {
+		return time.Time{}, nil
+	}
+	d, err := deadline.ParseBudget(budget)
+	if err != nil {
+		return time.Time{}, errorf(ErrInvalidArgument, "%scheckpoint_must_save_by: %q %s", prefix, budget, err.Error())
+	}
+	return startedAt.Add(d), nil
+}
+
+func needsSnapshots(l v1.TargetLevel) bool {
+	return l == v1.TargetLevel_TARGET_LEVEL_TURN || l == v1.TargetLevel_TARGET_LEVEL_PREFIX
+}
+
+// snapshotsEnabled is rollout_snapshots_enabled of the original.
+func snapshotsEnabled(s *v1.RunSpec) bool {
+	return s.RolloutCheckpointing.SnapshotAttemptIntervalS != nil || needsSnapshots(s.RolloutRecovery.TargetLevel)
+}
+
+// snapshotAfterCheckpoint: turn/prefix level with snapshot_on_trainer_checkpoint.
+func snapshotAfterCheckpoint(s *v1.RunSpec) bool {
+	return needsSnapshots(s.RolloutRecovery.TargetLevel) && s.RolloutCheckpointing.GetSnapshotOnTrainerCheckpoint()
+}
+
+// sameSpec tells an idempotent CreateRun retry from a conflicting one. A
+// retry that leaves started_at to the server matches any stored started_at.
+func sameSpec(stored, requested *v1.RunSpec) bool {
+	norm, err := normalizeSpec(requested, stored.StartedAt.AsTime())
+	if err != nil {
+		return false
+	}
+	return proto.Equal(stored, norm)
+}
+
+// observations gathers what the deadline policy needs.
+func (r *runState) observations() deadline.Observations {
+	res := r.rec.Run.Spec.Reserve
+	return deadline.Observations{
+		MaxIterationSeconds:       r.rec.MaxIterationSeconds,
+		CheckpointSeconds:         r.rec.MaxCheckpointSeconds,
+		CheckpointMeasured:        r.rec.CheckpointMeasured,
+		ExpectedCheckpointSeconds: res.ExpectedCheckpointSeconds,
+		SavedSnapshotSeconds:      r.rec.SavedSnapshotSeconds,
+		ExpectedSnapshotSeconds:   res.ExpectedSnapshotSeconds,
+		MarginSeconds:             res.MarginSeconds,
+	}
+}
+
+func (r *runState) mustSaveBy() (time.Time, bool) {
+	b := r.rec.Run.Deadline.GetMustSaveBy()
+	if b == nil {
+		return time.Time{}, false
+	}
+	return b.AsTime(), true
+}
+
+// deadlineView is Run.deadline: B and the estimates the next decision uses.
+func (e *Engine) deadlineView(r *runState) *v1.Deadline {
+	est := e.policy.Estimate(r.observations())
+	d := &v1.Deadline{
+		MustSaveBy:         r.rec.Run.Deadline.GetMustSaveBy(),
+		IterationSeconds:   est.Iteration,
+		CheckpointSeconds:  est.Checkpoint,
+		SaveReserveSeconds: est.Reserve,
+		MarginSeconds:      est.Margin,
+	}
+	if b, ok := r.mustSaveBy(); ok {
+		d.FiresAt = timestamppb.New(e.policy.FiresAt(b, est))
+	}
+	return d
+}

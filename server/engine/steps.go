@@ -1,0 +1,181 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	storagev1 "github.com/snapcoord/snapcoord/api/snapcoord/storage/v1"
+	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+)
+
+func (e *Engine) completeStep(ctx context.Context, req *v1.CompleteStepRequest) (*v1.CompleteStepResponse, error) {
+	var d *v1.Decision
+	err := e.mutate(ctx, req.RunId, func(m *mut) error {
+		if _, err := m.worker(req.WorkerId, v1.WorkerRole_WORKER_ROLE_TRAINER, "CompleteStep"); err != nil {
+			return err
+		}
+		d = m.completeStep(req.Step, req.IterationSeconds)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &v1.CompleteStepResponse{Step: d.Step, Action: d.Action, Explanation: d.Explanation, Decision: d}, nil
+}
+
+// completeStep records the iteration and returns the step's decision: the
+// stored one if a rank already asked, else a new one, stored before any rank
+// hears it. A terminal run answers STOP without recording anything.
+func (m *mut) completeStep(step int64, iterSeconds float64) *v1.Decision {
+	r := m.r
+	st := r.steps[step]
+	if st != nil && st.Decision != nil {
+		if !r.terminal() {
+			m.observeIteration(st, iterSeconds)
+		}
+		return st.Decision
+	}
+	if r.terminal() {
+		return &v1.Decision{Step: step, Action: v1.StepAction_STEP_ACTION_STOP, DecidedAt: m.ts(),
+			Inputs: r.rec.Run.Deadline, Explanation: "the run is " + stateName(r.state()) + ": stop"}
+	}
+	if st == nil {
+		st = &storagev1.StepRecord{Step: step}
+	}
+	m.observeIteration(st, iterSeconds)
+	if step > r.rec.Run.LastStep {
+		r.rec.Run.LastStep = step
+	}
+	if r.state() == v1.RunState_RUN_STATE_PENDING {
+		m.disarm(timerPreStep) // the first step overtook the pre-step deadline
+		m.setState(v1.RunState_RUN_STATE_RUNNING, fmt.Sprintf("step %d completed", step))
+	}
+	st.Decision = m.decide(step)
+	m.putStep(st)
+	d := st.Decision
+	m.event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_DECISION, Step: step, Decision: d,
+		Message: fmt.Sprintf("step %d: %s", step, d.Explanation)})
+	m.observe(func() { m.e.obs.Decision(d.Action) })
+	return d
+}
+
+func (m *mut) observeIteration(st *storagev1.StepRecord, sec float64) {
+	if sec <= st.MaxIterationSeconds {
+		return
+	}
+	st.MaxIterationSeconds = sec
+	m.putStep(st)
+	if sec > m.r.rec.MaxIterationSeconds {
+		m.r.rec.MaxIterationSeconds = sec
+		m.dirty()
+	}
+}
+
+// decide applies the rule to a step no rank asked about yet, and fires the
+// deadline if it says so.
+func (m *mut) decide(step int64) *v1.Decision {
+	r := m.r
+	est := m.e.policy.Estimate(r.observations())
+	d := &v1.Decision{Step: step, DecidedAt: m.ts(), Inputs: m.e.deadlineView(r)}
+	switch {
+	case r.fired() && r.rec.Run.FireKind != v1.DeadlineFireKind_DEADLINE_FIRE_KIND_PRE_STEP && step < r.rec.Run.FiredAtStep:
+		// A late first question about an earlier step: the ranks must still
+		// reach the fired step together, or the save's collectives hang.
+		d.Action = v1.StepAction_STEP_ACTION_CONTINUE
+		d.Explanation = fmt.Sprintf("the deadline fired at step %d: continue to it", r.rec.Run.FiredAtStep)
+	case r.fired():
+		d.Action = v1.StepAction_STEP_ACTION_STOP
+		d.Explanation = "the deadline already fired (" + firedWhere(r) + "): stop"
+	case r.rec.ManualFirePending:
+		d.Action = v1.StepAction_STEP_ACTION_SAVE_AND_STOP
+		d.Explanation = "deadline triggered by hand (" + r.rec.ManualFireReason + "): save now and stop"
+		m.fire(v1.DeadlineFireKind_DEADLINE_FIRE_KIND_MANUAL, step, r.rec.ManualFireReason)
+	default:
+		b, ok := r.mustSaveBy()
+		if !ok {
+			d.Action = v1.StepAction_STEP_ACTION_CONTINUE
+			d.Explanation = "the run has no deadline: continue"
+			break
+		}
+		v := m.e.policy.Decide(m.now, b, est)
+		d.Explanation = v.Explanation
+		d.Action = v1.StepAction_STEP_ACTION_CONTINUE
+		if v.Fire {
+			d.Action = v1.StepAction_STEP_ACTION_SAVE_AND_STOP
+			m.fire(v1.DeadlineFireKind_DEADLINE_FIRE_KIND_STEP, step, v.Explanation)
+		}
+	}
+	return d
+}
+
+func firedWhere(r *runState) string {
+	if r.rec.Run.FireKind == v1.DeadlineFireKind_DEADLINE_FIRE_KIND_PRE_STEP || r.rec.Run.FiredAtStep == 0 {
+		return "before the first step"
+	}
+	return fmt.Sprintf("at step %d", r.rec.Run.FiredAtStep)
+}
+
+// fire records that the deadline fired. At a step the trainers now save; the
+// deadline snapshot follows their checkpoint (startDeadlineSave).
+func (m *mut) fire(kind v1.DeadlineFireKind, step int64, why string) {
+	r := m.r
+	r.rec.Run.FiredAt = m.ts()
+	r.rec.Run.FireKind = kind
+	r.rec.Run.FiredAtStep = step
+	r.rec.ManualFirePending = false
+	m.disarm(timerPreStep)
+	m.disarm(timerInterval)
+	m.event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_DEADLINE_FIRED, Step: step,
+		Message: "deadline fired " + firedWhere(r) + ": " + why})
+	m.observe(func() { m.e.obs.DeadlineFired(kind) })
+	if step > 0 {
+		m.setState(v1.RunState_RUN_STATE_SAVING, fmt.Sprintf("trainer ranks save the checkpoint of step %d", step))
+	}
+}
+
+// armPreStep arms the pre-step deadline: with snapshots enabled and no step
+// completed, the bootstrap state is saved at B - (C + R + M).
+func (m *mut) armPreStep() {
+	r := m.r
+	b, ok := r.mustSaveBy()
+	if !ok || r.fired() || r.state() != v1.RunState_RUN_STATE_PENDING || !snapshotsEnabled(r.rec.Run.Spec) {
+		m.disarm(timerPreStep)
+		return
+	}
+	at := m.e.policy.PreStepFiresAt(b, m.e.policy.Estimate(r.observations()))
+	m.arm(timerPreStep, at, func(m *mut) {
+		// A first step that completed while this callback waited for the
+		// lock makes it stale: it saves nothing.
+		if m.r.state() != v1.RunState_RUN_STATE_PENDING || m.r.fired() {
+			return
+		}
+		m.fire(v1.DeadlineFireKind_DEADLINE_FIRE_KIND_PRE_STEP, 0,
+			fmt.Sprintf("no step completed by B - (C + R + M) = %s", at.UTC().Format("2006-01-02T15:04:05Z07:00")))
+		m.startDeadlineSave(0)
+	})
+}
+
+// startDeadlineSave runs once the fired step's checkpoint is published (or
+// at once before the first step): the forced deadline snapshot if snapshots
+// are enabled, else the run stops.
+func (m *mut) startDeadlineSave(anchor int64) {
+	r := m.r
+	if !snapshotsEnabled(r.rec.Run.Spec) {
+		if anchor == 0 {
+			m.terminate(v1.RunState_RUN_STATE_STOPPED, "deadline fired before the first step; nothing to save")
+			return
+		}
+		m.terminate(v1.RunState_RUN_STATE_STOPPED, fmt.Sprintf("deadline save complete: checkpoint of step %d published", anchor))
+		return
+	}
+	m.setState(v1.RunState_RUN_STATE_SNAPSHOTTING, fmt.Sprintf("environment workers save the deadline snapshot (anchor step %d)", anchor))
+	mustFinish := m.now.Add(m.snapshotTimeout())
+	if b, ok := r.mustSaveBy(); ok && b.After(m.now) {
+		mustFinish = b
+	}
+	s := m.issueSnapshot(v1.SnapshotReason_SNAPSHOT_REASON_DEADLINE, anchor, true, timestamppb.New(mustFinish))
+	r.rec.DeadlineSnapshotId = s.SnapshotId
+	m.checkSnapshotDone(s)
+}

@@ -1,0 +1,264 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+)
+
+// worker returns the calling worker, checking that its role may make the call.
+func (m *mut) worker(id string, role v1.WorkerRole, rpc string) (*workerState, error) {
+	return m.r.worker(id, role, rpc)
+}
+
+func (r *runState) worker(id string, role v1.WorkerRole, rpc string) (*workerState, error) {
+	w := r.workers[id]
+	if w == nil {
+		return nil, errorf(ErrNotFound, "worker_id: worker %q is not registered in run %q", id, r.id)
+	}
+	if role != v1.WorkerRole_WORKER_ROLE_UNSPECIFIED && w.w.Role != role {
+		return nil, errorf(ErrInvalidArgument, "worker_id: %s is registered as %s; %s is for %s",
+			id, w.w.Role, rpc, roleName(role))
+	}
+	return w, nil
+}
+
+func roleName(r v1.WorkerRole) string {
+	if r == v1.WorkerRole_WORKER_ROLE_TRAINER {
+		return "trainer ranks"
+	}
+	return "environment workers"
+}
+
+func (m *mut) liveWorkers(role v1.WorkerRole) []*workerState {
+	var out []*workerState
+	for _, w := range m.r.workers {
+		if w.w.Role == role && w.w.State == v1.WorkerState_WORKER_STATE_LIVE {
+			out = append(out, w)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].w.WorkerId < out[j].w.WorkerId })
+	return out
+}
+
+func (e *Engine) registerWorker(ctx context.Context, req *v1.RegisterWorkerRequest) (*v1.RegisterWorkerResponse, error) {
+	resp := &v1.RegisterWorkerResponse{
+		HeartbeatInterval: durationpb.New(e.opts.HeartbeatInterval),
+		LeaseTtl:          durationpb.New(e.opts.LeaseTTL),
+	}
+	err := e.mutate(ctx, req.RunId, func(m *mut) error {
+		w, err := m.register(req)
+		if err != nil {
+			return err
+		}
+		resp.WorkerId, resp.Incarnation = w.w.WorkerId, w.w.Incarnation
+		resp.RunState, resp.LastCommandSeq = m.r.state(), m.r.rec.LastCommandSeq
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+func (m *mut) register(req *v1.RegisterWorkerRequest) (*workerState, error) {
+	r := m.r
+	if r.terminal() {
+		return nil, errorf(ErrFailedPrecondition, "run %q is %s: it takes no new workers", r.id, stateName(r.state()))
+	}
+	if err := m.checkRank(req); err != nil {
+		return nil, err
+	}
+	w := r.byName[req.Name]
+	if w == nil {
+		if len(r.workers) >= m.e.opts.MaxWorkersPerRun {
+			return nil, errorf(ErrResourceExhausted, "limit max_workers_per_run (%d) reached in run %q", m.e.opts.MaxWorkersPerRun, r.id)
+		}
+		r.rec.LastWorkerNum++
+		w = &workerState{w: &v1.Worker{WorkerId: fmt.Sprintf("w%d", r.rec.LastWorkerNum), Name: req.Name,
+			Role: req.Role, Rank: req.Rank}}
+		r.workers[w.w.WorkerId] = w
+		r.byName[w.w.Name] = w
+		m.dirty()
+	}
+	m.releaseRank(req, w)
+	w.w.Incarnation++
+	w.w.State = v1.WorkerState_WORKER_STATE_LIVE
+	w.w.RegisteredAt = m.ts()
+	m.renewLease(w, m.e.opts.LeaseTTL)
+	m.putWorker(w)
+	m.event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_WORKER_REGISTERED, WorkerId: w.w.WorkerId,
+		Message: fmt.Sprintf("%s %q registered as %s (incarnation %d)", roleWord(w.w), w.w.Name, w.w.WorkerId, w.w.Incarnation)})
+	return w, nil
+}
+
+// checkRank: a trainer's rank is within the world and not held by another
+// live process; a re-register keeps its role and rank.
+func (m *mut) checkRank(req *v1.RegisterWorkerRequest) error {
+	r := m.r
+	if prev := r.byName[req.Name]; prev != nil && (prev.w.Role != req.Role || prev.w.Rank != req.Rank) {
+		return errorf(ErrAlreadyExists, "name: %q is registered as %s rank %d", req.Name, prev.w.Role, prev.w.Rank)
+	}
+	if req.Role == v1.WorkerRole_WORKER_ROLE_ENVIRONMENT {
+		if req.Rank != 0 {
+			return errorf(ErrInvalidArgument, "rank: must be 0 for WORKER_ROLE_ENVIRONMENT")
+		}
+		return nil
+	}
+	if size := r.rec.Run.Spec.TrainerWorldSize; req.Rank >= size {
+		return errorf(ErrInvalidArgument, "rank: %d is outside the run's trainer_world_size %d (ranks 0..%d)", req.Rank, size, size-1)
+	}
+	for _, w := range r.workers {
+		if w.w.Role == v1.WorkerRole_WORKER_ROLE_TRAINER && w.w.Rank == req.Rank && w.w.Name != req.Name &&
+			w.w.State == v1.WorkerState_WORKER_STATE_LIVE {
+			return errorf(ErrAlreadyExists, "rank: %d is held by live worker %s (%q)", req.Rank, w.w.WorkerId, w.w.Name)
+		}
+	}
+	return nil
+}
+
+// releaseRank retires a lost or departed holder of the rank taken over by a
+// process with another name (a rank restarted on another node).
+func (m *mut) releaseRank(req *v1.RegisterWorkerRequest, taker *workerState) {
+	if req.Role != v1.WorkerRole_WORKER_ROLE_TRAINER {
+		return
+	}
+	for _, w := range m.r.workers {
+		if w != taker && w.w.Role == req.Role && w.w.Rank == req.Rank && w.w.State != v1.WorkerState_WORKER_STATE_LEFT {
+			m.leave(w, fmt.Sprintf("rank %d taken over by %q", req.Rank, req.Name))
+		}
+	}
+}
+
+func roleWord(w *v1.Worker) string {
+	if w.Role == v1.WorkerRole_WORKER_ROLE_TRAINER {
+		return fmt.Sprintf("trainer rank %d", w.Rank)
+	}
+	return "environment worker"
+}
+
+// renewLease extends the lease in memory and makes sure a timer will check it.
+func (m *mut) renewLease(w *workerState, ttl time.Duration) {
+	w.lease = m.now.Add(ttl)
+	w.w.LeaseExpiresAt = timestamppb.New(w.lease)
+	if w.timer == nil {
+		m.armLease(w, ttl)
+	}
+}
+
+// armLease checks the lease when it may have lapsed. Heartbeats only move
+// w.lease; the timer re-arms itself for the remainder, so a heartbeat costs
+// no timer operation.
+func (m *mut) armLease(w *workerState, d time.Duration) {
+	r, e := m.r, m.e
+	w.timer = e.clk.AfterFunc(d, func() {
+		e.onTimer(r, func(m *mut) {
+			w.timer = nil
+			if w.w.State != v1.WorkerState_WORKER_STATE_LIVE || r.terminal() {
+				return
+			}
+			if left := w.lease.Sub(m.now); left > 0 {
+				m.armLease(w, left)
+				return
+			}
+			m.lose(w)
+		})
+	})
+}
+
+func (m *mut) lose(w *workerState) {
+	w.w.State = v1.WorkerState_WORKER_STATE_LOST
+	m.putWorker(w)
+	m.event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_WORKER_LOST, WorkerId: w.w.WorkerId,
+		Message: fmt.Sprintf("%s %q (%s) lost: no heartbeat for %s", roleWord(w.w), w.w.Name, w.w.WorkerId, m.e.opts.LeaseTTL)})
+	m.workerGone()
+}
+
+func (m *mut) leave(w *workerState, why string) {
+	if w.timer != nil {
+		w.timer.Stop()
+		w.timer = nil
+	}
+	w.w.State = v1.WorkerState_WORKER_STATE_LEFT
+	m.putWorker(w)
+	m.event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_WORKER_LEFT, WorkerId: w.w.WorkerId,
+		Message: fmt.Sprintf("%s %q (%s) left: %s", roleWord(w.w), w.w.Name, w.w.WorkerId, why)})
+	m.workerGone()
+}
+
+// workerGone lets a snapshot that only waited for a departed worker finish.
+func (m *mut) workerGone() {
+	if s := m.activeSnapshot(); s != nil {
+		m.checkSnapshotDone(s)
+	}
+}
+
+func (e *Engine) heartbeat(ctx context.Context, req *v1.HeartbeatRequest) (*v1.HeartbeatResponse, error) {
+	resp := &v1.HeartbeatResponse{}
+	err := e.mutate(ctx, req.RunId, func(m *mut) error {
+		w, err := m.worker(req.WorkerId, v1.WorkerRole_WORKER_ROLE_UNSPECIFIED, "Heartbeat")
+		if err != nil {
+			return err
+		}
+		if w.w.State == v1.WorkerState_WORKER_STATE_LEFT {
+			return errorf(ErrFailedPrecondition, "worker_id: %s deregistered; register again", w.w.WorkerId)
+		}
+		if w.w.State == v1.WorkerState_WORKER_STATE_LOST && !m.r.terminal() {
+			w.w.State = v1.WorkerState_WORKER_STATE_LIVE
+			m.putWorker(w)
+			m.event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_WORKER_REGISTERED, WorkerId: w.w.WorkerId,
+				Message: fmt.Sprintf("%s %q (%s) is back after being lost", roleWord(w.w), w.w.Name, w.w.WorkerId)})
+		}
+		m.renewLease(w, m.e.opts.LeaseTTL)
+		resp.RunState, resp.LeaseExpiresAt = m.r.state(), w.w.LeaseExpiresAt
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+func (e *Engine) deregisterWorker(ctx context.Context, req *v1.DeregisterWorkerRequest) (*v1.DeregisterWorkerResponse, error) {
+	err := e.mutate(ctx, req.RunId, func(m *mut) error {
+		w, err := m.worker(req.WorkerId, v1.WorkerRole_WORKER_ROLE_UNSPECIFIED, "DeregisterWorker")
+		if err != nil || w.w.State == v1.WorkerState_WORKER_STATE_LEFT {
+			return err
+		}
+		m.leave(w, "deregistered")
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &v1.DeregisterWorkerResponse{}, nil
+}
+
+func (e *Engine) listWorkers(ctx context.Context, req *v1.ListWorkersRequest) (*v1.ListWorkersResponse, error) {
+	resp := &v1.ListWorkersResponse{}
+	err := e.view(ctx, req.RunId, func(r *runState) error {
+		for _, w := range r.workers {
+			resp.Workers = append(resp.Workers, proto.Clone(w.w).(*v1.Worker))
+		}
+		return nil
+	})
+	sort.Slice(resp.Workers, func(i, j int) bool {
+		a, b := resp.Workers[i], resp.Workers[j]
+		if a.Role != b.Role {
+			return a.Role < b.Role
+		}
+		if a.Rank != b.Rank {
+			return a.Rank < b.Rank
+		}
+		return strings.Compare(a.Name, b.Name) < 0
+	})
+	return resp, err
+}

@@ -1,0 +1,154 @@
+package store
+
+import (
+	"encoding/binary"
+	"fmt"
+	"strings"
+
+	"google.golang.org/protobuf/proto"
+
+	storagev1 "github.com/snapcoord/snapcoord/api/snapcoord/storage/v1"
+	snapcoordv1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+)
+
+// keySep ends the run id in every per-run key. It sorts below every other
+// byte, so run "a"'s records never interleave with run "a.b"'s, and a run
+// id may not contain it.
+const keySep = 0x00
+
+var marshalOpts = proto.MarshalOptions{Deterministic: true}
+
+type opKind uint8
+
+const (
+	opPut opKind = iota
+	opDeleteThrough
+)
+
+// op is one change. For opDeleteThrough, key is the run's prefix and val
+// the last key to delete.
+type op struct {
+	kind   opKind
+	bucket bucketID
+	key    []byte
+	val    []byte
+}
+
+// Batch collects changes that commit atomically. Puts marshal at once, so
+// the caller may mutate its messages right after. A Batch is built by one
+// goroutine and submitted once.
+type Batch struct {
+	ops []op
+	// err is the first invalid Put; the batch then fails at commit.
+	err error
+}
+
+// PutRun stores a run record under its run id.
+func (b *Batch) PutRun(r *storagev1.RunRecord) {
+	id := r.GetRun().GetRunId()
+	if b.checkRunID(id) {
+		b.put(idRuns, []byte(id), r)
+	}
+}
+
+// PutStep stores a step record of a run.
+func (b *Batch) PutStep(runID string, s *storagev1.StepRecord) {
+	b.putSeq(idSteps, runID, "step", s.GetStep(), s)
+}
+
+// PutWorker stores a worker of a run.
+func (b *Batch) PutWorker(runID string, w *snapcoordv1.Worker) {
+	if b.checkRunID(runID) {
+		b.put(idWorkers, nameKey(runID, w.GetWorkerId()), w)
+	}
+}
+
+// PutSnapshot stores a snapshot of a run.
+func (b *Batch) PutSnapshot(runID string, s *snapcoordv1.Snapshot) {
+	if b.checkRunID(runID) {
+		b.put(idSnapshots, nameKey(runID, s.GetSnapshotId()), s)
+	}
+}
+
+// PutEvent stores an event of a run.
+func (b *Batch) PutEvent(runID string, e *snapcoordv1.RunEvent) {
+	b.putSeq(idEvents, runID, "event seq", e.GetSeq(), e)
+}
+
+// PutCommand stores a command of a run.
+func (b *Batch) PutCommand(runID string, c *snapcoordv1.Command) {
+	b.putSeq(idCommands, runID, "command seq", c.GetSeq(), c)
+}
+
+// DeleteEventsThrough deletes the run's events with a sequence number up to
+// and including seq. It applies in order with the batch's other changes.
+func (b *Batch) DeleteEventsThrough(runID string, seq int64) {
+	if seq < 0 || !b.checkRunID(runID) {
+		return // sequence numbers are never negative, so nothing matches
+	}
+	b.ops = append(b.ops, op{
+		kind:   opDeleteThrough,
+		bucket: idEvents,
+		key:    runPrefix(runID),
+		val:    seqKey(runID, seq),
+	})
+}
+
+// Len returns the number of changes in the batch.
+func (b *Batch) Len() int { return len(b.ops) }
+
+func (b *Batch) putSeq(bucket bucketID, runID, what string, n int64, m proto.Message) {
+	if n < 0 {
+		// A negative number would sort after every positive one.
+		b.fail(fmt.Errorf("store: run %q: negative %s %d", runID, what, n))
+		return
+	}
+	if b.checkRunID(runID) {
+		b.put(bucket, seqKey(runID, n), m)
+	}
+}
+
+func (b *Batch) put(bucket bucketID, key []byte, m proto.Message) {
+	val, err := marshalOpts.Marshal(m)
+	if err != nil {
+		b.fail(fmt.Errorf("store: marshal %s %q: %w", allBuckets[bucket], key, err))
+		return
+	}
+	b.ops = append(b.ops, op{kind: opPut, bucket: bucket, key: key, val: val})
+}
+
+// checkRunID rejects run ids that would break the key layout. An empty id
+// is left for bbolt to reject (empty key), which it does loudly.
+func (b *Batch) checkRunID(runID string) bool {
+	if strings.IndexByte(runID, keySep) >= 0 {
+		b.fail(fmt.Errorf("store: run id %q contains a NUL byte", runID))
+		return false
+	}
+	return true
+}
+
+func (b *Batch) fail(err error) {
+	if b.err == nil {
+		b.err = err
+	}
+}
+
+func runPrefix(runID string) []byte {
+	k := make([]byte, 0, len(runID)+1)
+	k = append(k, runID...)
+	return append(k, keySep)
+}
+
+func nameKey(runID, name string) []byte {
+	k := make([]byte, 0, len(runID)+1+len(name))
+	k = append(k, runID...)
+	k = append(k, keySep)
+	return append(k, name...)
+}
+
+func seqKey(runID string, n int64) []byte {
+	k := make([]byte, 0, len(runID)+1+8)
+	k = append(k, runID...)
+	k = append(k, keySep)
+	return binary.BigEndian.AppendUint64(k, uint64(n))
+}

@@ -1,0 +1,81 @@
+package store
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	snapcoordv1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+)
+
+// benchDB opens a store with one run and counts commits.
+func benchDB(b *testing.B) (*DB, *atomic.Int64) {
+	commits := new(atomic.Int64)
+	db := mustOpen(b, tempPath(b), Options{OnCommit: func(int, time.Duration) { commits.Add(1) }})
+	setup := &Batch{}
+	setup.PutRun(runRecord("bench"))
+	mustCommit(b, db, setup)
+	commits.Store(0)
+	return db, commits
+}
+
+// benchBatch is a typical report: a worker update and an event.
+func benchBatch(seq int64) *Batch {
+	b := &Batch{}
+	b.PutWorker("bench", &snapcoordv1.Worker{WorkerId: "w", Rank: 3, Incarnation: seq})
+	b.PutEvent("bench", event(seq, "worker reported"))
+	return b
+}
+
+func report(b *testing.B, commits *atomic.Int64) {
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "batches/s")
+	if c := commits.Load(); c > 0 {
+		b.ReportMetric(float64(b.N)/float64(c), "batches/commit")
+	}
+}
+
+// BenchmarkSubmit has many concurrent writers, each waiting for its own
+// batch, as RPC handlers do; they share fsyncs.
+func BenchmarkSubmit(b *testing.B) {
+	db, commits := benchDB(b)
+	var seq atomic.Int64
+	b.SetParallelism(64) // 64 × GOMAXPROCS writers
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		ctx := context.Background()
+		for pb.Next() {
+			if err := db.Submit(benchBatch(seq.Add(1))).Wait(ctx); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+	report(b, commits)
+}
+
+// BenchmarkSubmitSerial is one writer: every batch pays a full commit.
+func BenchmarkSubmitSerial(b *testing.B) {
+	db, commits := benchDB(b)
+	ctx := context.Background()
+	b.ResetTimer()
+	for i := range b.N {
+		if err := db.Submit(benchBatch(int64(i + 1))).Wait(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+	report(b, commits)
+}
+
+// BenchmarkLoad reads 1000 runs with 100 workers each.
+func BenchmarkLoad(b *testing.B) {
+	db := mustOpen(b, tempPath(b), Options{})
+	writeManyRuns(b, db, 1000, 100)
+	ctx := context.Background()
+	b.ResetTimer()
+	for range b.N {
+		if _, err := db.Load(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

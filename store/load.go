@@ -1,0 +1,139 @@
+package store
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+
+	bolt "go.etcd.io/bbolt"
+	"google.golang.org/protobuf/proto"
+
+	storagev1 "github.com/snapcoord/snapcoord/api/snapcoord/storage/v1"
+	snapcoordv1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+)
+
+// RunData is everything stored for one run.
+type RunData struct {
+	Record    *storagev1.RunRecord
+	Steps     []*storagev1.StepRecord // by step
+	Workers   []*snapcoordv1.Worker   // by worker id
+	Snapshots []*snapcoordv1.Snapshot // by snapshot id
+	Events    []*snapcoordv1.RunEvent // by seq
+	Commands  []*snapcoordv1.Command  // by seq
+}
+
+// Load reads every run, sorted by run id, in one read transaction. A record
+// that does not unmarshal, or belongs to no stored run, is an error: skipping
+// it would silently drop state.
+func (db *DB) Load(ctx context.Context) ([]*RunData, error) {
+	var runs []*RunData
+	err := db.bolt.View(func(tx *bolt.Tx) error {
+		var err error
+		runs, err = loadTx(ctx, tx)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return runs, nil
+}
+
+func loadTx(ctx context.Context, tx *bolt.Tx) ([]*RunData, error) {
+	runs, byID, err := loadRuns(tx)
+	if err != nil {
+		return nil, err
+	}
+	children := []func() error{
+		func() error {
+			return loadChildren(tx, bucketSteps, byID, func(rd *RunData, m *storagev1.StepRecord) { rd.Steps = append(rd.Steps, m) })
+		},
+		func() error {
+			return loadChildren(tx, bucketWorkers, byID, func(rd *RunData, m *snapcoordv1.Worker) { rd.Workers = append(rd.Workers, m) })
+		},
+		func() error {
+			return loadChildren(tx, bucketSnapshots, byID, func(rd *RunData, m *snapcoordv1.Snapshot) { rd.Snapshots = append(rd.Snapshots, m) })
+		},
+		func() error {
+			return loadChildren(tx, bucketEvents, byID, func(rd *RunData, m *snapcoordv1.RunEvent) { rd.Events = append(rd.Events, m) })
+		},
+		func() error {
+			return loadChildren(tx, bucketCommands, byID, func(rd *RunData, m *snapcoordv1.Command) { rd.Commands = append(rd.Commands, m) })
+		},
+	}
+	for _, load := range children {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		if err := load(); err != nil {
+			return nil, err
+		}
+	}
+	return runs, nil
+}
+
+// loadRuns reads the runs bucket; bbolt iterates in key order, which is
+// run id order.
+func loadRuns(tx *bolt.Tx) ([]*RunData, map[string]*RunData, error) {
+	var runs []*RunData
+	byID := make(map[string]*RunData)
+	err := tx.Bucket(bucketRuns).ForEach(func(k, v []byte) error {
+		rec := &storagev1.RunRecord{}
+		if err := proto.Unmarshal(v, rec); err != nil {
+			return fmt.Errorf("store: bucket %s key %q: %w", bucketRuns, k, err)
+		}
+		rd := &RunData{Record: rec}
+		runs = append(runs, rd)
+		byID[string(k)] = rd
+		return nil
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	return runs, byID, nil
+}
+
+// loadChildren reads a per-run bucket. Keys are run id, keySep, then a
+// big-endian number or a name, so bbolt's order is the order RunData
+// promises.
+func loadChildren[M any, PM interface {
+	*M
+	proto.Message
+}](tx *bolt.Tx, bucket []byte, byID map[string]*RunData, add func(*RunData, PM)) error {
+	return tx.Bucket(bucket).ForEach(func(k, v []byte) error {
+		i := bytes.IndexByte(k, keySep)
+		if i < 0 {
+			return fmt.Errorf("store: bucket %s key %q: no run id separator", bucket, k)
+		}
+		rd := byID[string(k[:i])]
+		if rd == nil {
+			return fmt.Errorf("store: bucket %s key %q: record of unknown run %q", bucket, k, k[:i])
+		}
+		m := PM(new(M))
+		if err := proto.Unmarshal(v, m); err != nil {
+			return fmt.Errorf("store: bucket %s key %q: %w", bucket, k, err)
+		}
+		add(rd, m)
+		return nil
+	})
+}
+
+// Check runs bbolt's consistency check and returns its first finding.
+func (db *DB) Check() error {
+	// Commits are held off: the check reads bbolt's freelist, which a
+	// concurrent commit would change under it.
+	db.commitMu.Lock()
+	defer db.commitMu.Unlock()
+	return db.bolt.View(func(tx *bolt.Tx) error {
+		var first error
+		for err := range tx.Check() {
+			if first == nil {
+				first = err
+			}
+			// Keep draining: the checker goroutine blocks until we do.
+		}
+		if first != nil {
+			return fmt.Errorf("store: %s: consistency check: %w", db.path, first)
+		}
+		return nil
+	})
+}

@@ -1,0 +1,261 @@
+// Package store persists snapcoord's state in one bbolt file.
+//
+// Writes go through Submit, which group-commits: one committer goroutine
+// applies every batch queued at that moment in a single bbolt transaction, so
+// concurrent writers share one fsync pair while a lone writer never waits for
+// company. Reads happen once, at startup, through Load.
+package store
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"sync"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
+)
+
+// SchemaVersion is the layout version this binary reads and writes.
+const SchemaVersion = 1
+
+var (
+	// ErrLocked means another process holds the data file's lock.
+	ErrLocked = errors.New("store: data file is locked by another process")
+	// ErrNewerSchema means the file was written by a newer snapcoord.
+	ErrNewerSchema = errors.New("store: schema version is newer than this binary supports")
+	// ErrClosed is returned for batches submitted after Close.
+	ErrClosed = errors.New("store: closed")
+	// ErrCommitFailed means a commit failed. The store is then poisoned:
+	// the caller's memory is ahead of the disk, so every later write fails too.
+	ErrCommitFailed = errors.New("store: commit failed; the store accepts no more writes")
+)
+
+const (
+	defaultLockTimeout = time.Second
+	defaultMaxBatches  = 4096
+	queueSize          = 8192
+)
+
+var (
+	bucketMeta      = []byte("meta")
+	bucketRuns      = []byte("runs")
+	bucketSteps     = []byte("steps")
+	bucketWorkers   = []byte("workers")
+	bucketSnapshots = []byte("snapshots")
+	bucketEvents    = []byte("events")
+	bucketCommands  = []byte("commands")
+
+	keySchemaVersion = []byte("schema_version")
+)
+
+// allBuckets is indexed by bucketID, so batches refer to buckets by number.
+var allBuckets = [...][]byte{
+	idMeta:      bucketMeta,
+	idRuns:      bucketRuns,
+	idSteps:     bucketSteps,
+	idWorkers:   bucketWorkers,
+	idSnapshots: bucketSnapshots,
+	idEvents:    bucketEvents,
+	idCommands:  bucketCommands,
+}
+
+type bucketID uint8
+
+const (
+	idMeta bucketID = iota
+	idRuns
+	idSteps
+	idWorkers
+	idSnapshots
+	idEvents
+	idCommands
+)
+
+// migrations[v] upgrades a file from schema version v to v+1 inside the
+// opening transaction. Empty while the layout has never changed; a variable
+// so tests can exercise the mechanism.
+var migrations = map[uint64]func(tx *bolt.Tx) error{}
+
+// Options tunes a DB. The zero value is usable.
+type Options struct {
+	// LockTimeout bounds the wait for the file lock; default 1s.
+	LockTimeout time.Duration
+	// MaxBatchesPerCommit caps one group commit; default 4096.
+	MaxBatchesPerCommit int
+	// OnCommit, if set, is called by the committer after each successful
+	// commit with the number of batches it carried and its duration. It runs
+	// on the committer goroutine, so it must be quick and must not wait for
+	// a Submit.
+	OnCommit func(batches int, d time.Duration)
+}
+
+func (o Options) withDefaults() Options {
+	if o.LockTimeout == 0 {
+		o.LockTimeout = defaultLockTimeout
+	}
+	if o.MaxBatchesPerCommit <= 0 {
+		o.MaxBatchesPerCommit = defaultMaxBatches
+	}
+	return o
+}
+
+// DB is an open store file.
+type DB struct {
+	bolt *bolt.DB
+	path string
+	opts Options
+
+	// mu orders Submit against Close: a Submit holding the read lock may
+	// still send on queue; Close takes the write lock before closing it.
+	mu     sync.RWMutex
+	closed bool
+	queue  chan *Pending
+
+	// commitMu keeps Check's read transaction away from commits: bbolt's
+	// check reads the shared freelist without a lock of its own.
+	commitMu sync.Mutex
+
+	committerDone chan struct{}
+	closeOnce     sync.Once
+	closeErr      error
+}
+
+// Open opens or creates the store file at path; its directory must exist.
+func Open(path string, opts Options) (*DB, error) {
+	opts = opts.withDefaults()
+	bdb, err := bolt.Open(path, 0o600, &bolt.Options{
+		Timeout:      opts.LockTimeout,
+		FreelistType: bolt.FreelistMapType,
+	})
+	if err != nil {
+		return nil, openError(path, opts.LockTimeout, err)
+	}
+	if err := bdb.Update(func(tx *bolt.Tx) error { return prepare(tx, path) }); err != nil {
+		_ = bdb.Close()
+		return nil, err
+	}
+	db := &DB{
+		bolt:          bdb,
+		path:          path,
+		opts:          opts,
+		queue:         make(chan *Pending, queueSize),
+		committerDone: make(chan struct{}),
+	}
+	go db.commitLoop()
+	return db, nil
+}
+
+func openError(path string, timeout time.Duration, err error) error {
+	if errors.Is(err, berrors.ErrTimeout) {
+		return &lockedError{dir: filepath.Dir(path), timeout: timeout, cause: err}
+	}
+	return fmt.Errorf("store: open %s: %w", path, err)
+}
+
+// lockedError carries the operator-facing message; errors.Is matches
+// ErrLocked without repeating its text.
+type lockedError struct {
+	dir     string
+	timeout time.Duration
+	cause   error
+}
+
+func (e *lockedError) Error() string {
+	return fmt.Sprintf("data directory %q is in use by another snapcoord process (file lock not acquired within %s)",
+		e.dir, e.timeout)
+}
+
+func (e *lockedError) Is(target error) bool { return target == ErrLocked }
+func (e *lockedError) Unwrap() error        { return e.cause }
+
+// prepare brings a file to SchemaVersion, or refuses it, in the opening
+// transaction, so a refused file is left untouched.
+func prepare(tx *bolt.Tx, path string) error {
+	meta := tx.Bucket(bucketMeta)
+	if meta == nil {
+		if k, _ := tx.Cursor().First(); k != nil {
+			return fmt.Errorf("store: %s is not a snapcoord store (no meta bucket)", path)
+		}
+		return initialize(tx)
+	}
+	v, err := readVersion(meta, path)
+	if err != nil {
+		return err
+	}
+	if v > SchemaVersion {
+		return fmt.Errorf("%w: %s has schema version %d, this binary supports up to %d",
+			ErrNewerSchema, path, v, SchemaVersion)
+	}
+	if v < SchemaVersion {
+		if err := migrate(tx, v, path); err != nil {
+			return err
+		}
+	}
+	return createBuckets(tx)
+}
+
+func initialize(tx *bolt.Tx) error {
+	if err := createBuckets(tx); err != nil {
+		return err
+	}
+	return writeVersion(tx, SchemaVersion)
+}
+
+func createBuckets(tx *bolt.Tx) error {
+	for _, name := range allBuckets {
+		if _, err := tx.CreateBucketIfNotExists(name); err != nil {
+			return fmt.Errorf("store: create bucket %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+func readVersion(meta *bolt.Bucket, path string) (uint64, error) {
+	raw := meta.Get(keySchemaVersion)
+	if len(raw) != 8 {
+		return 0, fmt.Errorf("store: %s: meta/schema_version is missing or malformed (%d bytes)", path, len(raw))
+	}
+	return binary.BigEndian.Uint64(raw), nil
+}
+
+func writeVersion(tx *bolt.Tx, v uint64) error {
+	var raw [8]byte
+	binary.BigEndian.PutUint64(raw[:], v)
+	if err := tx.Bucket(bucketMeta).Put(keySchemaVersion, raw[:]); err != nil {
+		return fmt.Errorf("store: write schema version: %w", err)
+	}
+	return nil
+}
+
+func migrate(tx *bolt.Tx, from uint64, path string) error {
+	for v := from; v < SchemaVersion; v++ {
+		m, ok := migrations[v]
+		if !ok {
+			return fmt.Errorf("store: %s: no migration from schema version %d", path, v)
+		}
+		if err := m(tx); err != nil {
+			return fmt.Errorf("store: %s: migrate schema %d to %d: %w", path, v, v+1, err)
+		}
+	}
+	return writeVersion(tx, SchemaVersion)
+}
+
+// Path returns the file path the DB was opened with.
+func (db *DB) Path() string { return db.path }
+
+// Close waits for every submitted batch to commit, stops the committer and
+// closes the file. Later calls return the first call's result.
+func (db *DB) Close() error {
+	db.closeOnce.Do(func() {
+		db.mu.Lock()
+		db.closed = true
+		close(db.queue)
+		db.mu.Unlock()
+		<-db.committerDone
+		db.closeErr = db.bolt.Close()
+	})
+	return db.closeErr
+}

@@ -1,0 +1,639 @@
+package store
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	storagev1 "github.com/snapcoord/snapcoord/api/snapcoord/storage/v1"
+	snapcoordv1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+)
+
+func tempPath(t testing.TB) string {
+	return filepath.Join(t.TempDir(), "snapcoord.db")
+}
+
+func mustOpen(t testing.TB, path string, opts Options) *DB {
+	t.Helper()
+	db, err := Open(path, opts)
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	return db
+}
+
+func mustCommit(t testing.TB, db *DB, b *Batch) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := db.Submit(b).Wait(ctx); err != nil {
+		t.Fatalf("commit: %v", err)
+	}
+}
+
+func mustLoad(t testing.TB, db *DB) []*RunData {
+	t.Helper()
+	runs, err := db.Load(context.Background())
+	if err != nil {
+		t.Fatalf("Load: %v", err)
+	}
+	return runs
+}
+
+// reopen closes db and opens its file again, so reads come from disk.
+func reopen(t testing.TB, db *DB) *DB {
+	t.Helper()
+	if err := db.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	return mustOpen(t, db.Path(), Options{})
+}
+
+func runRecord(id string) *storagev1.RunRecord {
+	return &storagev1.RunRecord{
+		Run:            &snapcoordv1.Run{RunId: id, State: snapcoordv1.RunState(1), CreatedAt: timestamppb.New(time.Unix(1700000000, 0))},
+		TokenHash:      []byte("hash-" + id),
+		LastCommandSeq: 3,
+	}
+}
+
+func event(seq int64, msg string) *snapcoordv1.RunEvent {
+	return &snapcoordv1.RunEvent{Seq: seq, Type: snapcoordv1.RunEventType_RUN_EVENT_TYPE_STATE_CHANGED, Message: msg}
+}
+
+// fixture builds a run with children whose insertion order differs from
+// the order Load must return, and the batch that stores it.
+func fixture(id string) (*RunData, *Batch) {
+	want := &RunData{
+		Record: runRecord(id),
+		Steps: []*storagev1.StepRecord{
+			{Step: 0, MaxIterationSeconds: 1.5},
+			{Step: 2, SavedRanks: []int32{0, 1}},
+			{Step: 256, Saved: true, Published: true},
+		},
+		Workers: []*snapcoordv1.Worker{
+			{WorkerId: "w1", Name: id + "-trainer", Rank: 1},
+			{WorkerId: "w10", Rank: 10},
+			{WorkerId: "w2", Rank: 2},
+		},
+		Snapshots: []*snapcoordv1.Snapshot{
+			{SnapshotId: "s1", AnchorStep: 5},
+			{SnapshotId: "s2", ExpectedWorkerIds: []string{"w1", "w2"}},
+		},
+		Events: []*snapcoordv1.RunEvent{event(1, id+" one"), event(2, "two"), event(300, "three hundred")},
+		Commands: []*snapcoordv1.Command{
+			{Seq: 1, Audience: snapcoordv1.WorkerRole(1)},
+			{Seq: 2},
+			{Seq: 1 << 40},
+		},
+	}
+	b := &Batch{}
+	b.PutRun(want.Record)
+	for i := len(want.Steps) - 1; i >= 0; i-- {
+		b.PutStep(id, want.Steps[i])
+	}
+	for i := len(want.Workers) - 1; i >= 0; i-- {
+		b.PutWorker(id, want.Workers[i])
+	}
+	for i := len(want.Snapshots) - 1; i >= 0; i-- {
+		b.PutSnapshot(id, want.Snapshots[i])
+	}
+	for i := len(want.Events) - 1; i >= 0; i-- {
+		b.PutEvent(id, want.Events[i])
+	}
+	for i := len(want.Commands) - 1; i >= 0; i-- {
+		b.PutCommand(id, want.Commands[i])
+	}
+	return want, b
+}
+
+func assertRunData(t *testing.T, got, want *RunData) {
+	t.Helper()
+	if !proto.Equal(got.Record, want.Record) {
+		t.Errorf("record: got %v, want %v", got.Record, want.Record)
+	}
+	assertMsgs(t, "steps", got.Steps, want.Steps)
+	assertMsgs(t, "workers", got.Workers, want.Workers)
+	assertMsgs(t, "snapshots", got.Snapshots, want.Snapshots)
+	assertMsgs(t, "events", got.Events, want.Events)
+	assertMsgs(t, "commands", got.Commands, want.Commands)
+}
+
+func assertMsgs[M proto.Message](t *testing.T, what string, got, want []M) {
+	t.Helper()
+	if len(got) != len(want) {
+		t.Errorf("%s: got %d, want %d: %v", what, len(got), len(want), got)
+		return
+	}
+	for i := range got {
+		if !proto.Equal(got[i], want[i]) {
+			t.Errorf("%s[%d]: got %v, want %v", what, i, got[i], want[i])
+		}
+	}
+}
+
+func TestRoundTrip(t *testing.T) {
+	db := mustOpen(t, tempPath(t), Options{})
+	// "a" is a prefix of "a.b"; the separator must keep them apart.
+	wantAB, bAB := fixture("a.b")
+	wantA, bA := fixture("a")
+	mustCommit(t, db, bAB)
+	mustCommit(t, db, bA)
+
+	db = reopen(t, db)
+	runs := mustLoad(t, db)
+	if len(runs) != 2 {
+		t.Fatalf("got %d runs, want 2", len(runs))
+	}
+	assertRunData(t, runs[0], wantA)
+	assertRunData(t, runs[1], wantAB)
+}
+
+func TestLoadEmpty(t *testing.T) {
+	db := mustOpen(t, tempPath(t), Options{})
+	if runs := mustLoad(t, db); len(runs) != 0 {
+		t.Fatalf("got %d runs from a new file", len(runs))
+	}
+}
+
+func TestPutOverwrites(t *testing.T) {
+	db := mustOpen(t, tempPath(t), Options{})
+	b := &Batch{}
+	b.PutRun(runRecord("r"))
+	b.PutWorker("r", &snapcoordv1.Worker{WorkerId: "w", Rank: 1})
+	b.PutWorker("r", &snapcoordv1.Worker{WorkerId: "w", Rank: 2})
+	mustCommit(t, db, b)
+	runs := mustLoad(t, db)
+	if len(runs[0].Workers) != 1 || runs[0].Workers[0].GetRank() != 2 {
+		t.Fatalf("workers = %v, want one with rank 2", runs[0].Workers)
+	}
+}
+
+func TestDeleteEventsThrough(t *testing.T) {
+	db := mustOpen(t, tempPath(t), Options{})
+	b := &Batch{}
+	for _, id := range []string{"a", "a.b", "b"} {
+		b.PutRun(runRecord(id))
+		for seq := int64(1); seq <= 5; seq++ {
+			b.PutEvent(id, event(seq, id))
+		}
+	}
+	mustCommit(t, db, b)
+
+	b = &Batch{}
+	b.DeleteEventsThrough("a", 3)
+	b.DeleteEventsThrough("b", -1) // nothing
+	b.PutEvent("b", event(6, "b"))
+	b.DeleteEventsThrough("b", 0) // nothing: seqs start at 1
+	mustCommit(t, db, b)
+
+	want := map[string][]int64{"a": {4, 5}, "a.b": {1, 2, 3, 4, 5}, "b": {1, 2, 3, 4, 5, 6}}
+	for _, rd := range mustLoad(t, reopen(t, db)) {
+		var got []int64
+		for _, e := range rd.Events {
+			got = append(got, e.GetSeq())
+		}
+		id := rd.Record.GetRun().GetRunId()
+		if fmt.Sprint(got) != fmt.Sprint(want[id]) {
+			t.Errorf("run %q events %v, want %v", id, got, want[id])
+		}
+	}
+}
+
+func TestDeleteAfterPutInSameBatch(t *testing.T) {
+	db := mustOpen(t, tempPath(t), Options{})
+	b := &Batch{}
+	b.PutRun(runRecord("r"))
+	b.PutEvent("r", event(1, "gone"))
+	b.PutEvent("r", event(2, "gone"))
+	b.DeleteEventsThrough("r", 2)
+	b.PutEvent("r", event(3, "kept"))
+	mustCommit(t, db, b)
+	runs := mustLoad(t, db)
+	if len(runs[0].Events) != 1 || runs[0].Events[0].GetSeq() != 3 {
+		t.Fatalf("events = %v, want only seq 3", runs[0].Events)
+	}
+}
+
+func TestPutSnapshotsMessage(t *testing.T) {
+	db := mustOpen(t, tempPath(t), Options{})
+	rec := runRecord("r")
+	w := &snapcoordv1.Worker{WorkerId: "w", Rank: 1}
+	e := event(1, "before")
+	b := &Batch{}
+	b.PutRun(rec)
+	b.PutWorker("r", w)
+	b.PutEvent("r", e)
+	rec.LastCommandSeq = 99
+	w.Rank = 99
+	e.Message = "after"
+	mustCommit(t, db, b)
+
+	rd := mustLoad(t, reopen(t, db))[0]
+	if rd.Record.GetLastCommandSeq() != 3 || rd.Workers[0].GetRank() != 1 || rd.Events[0].GetMessage() != "before" {
+		t.Fatalf("stored state after Put changed: %v %v %v", rd.Record, rd.Workers[0], rd.Events[0])
+	}
+}
+
+// writeRawVersion creates a bbolt file whose meta holds version v.
+func writeRawVersion(t *testing.T, path string, v uint64) {
+	t.Helper()
+	bdb, err := bolt.Open(path, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bdb.Close()
+	err = bdb.Update(func(tx *bolt.Tx) error {
+		meta, err := tx.CreateBucketIfNotExists(bucketMeta)
+		if err != nil {
+			return err
+		}
+		return meta.Put(keySchemaVersion, binary.BigEndian.AppendUint64(nil, v))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func readRawVersion(t *testing.T, path string) uint64 {
+	t.Helper()
+	bdb, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bdb.Close()
+	var v uint64
+	err = bdb.View(func(tx *bolt.Tx) error {
+		v = binary.BigEndian.Uint64(tx.Bucket(bucketMeta).Get(keySchemaVersion))
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+func TestSchemaFreshFile(t *testing.T) {
+	path := tempPath(t)
+	db := mustOpen(t, path, Options{})
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if v := readRawVersion(t, path); v != SchemaVersion {
+		t.Fatalf("fresh file has schema version %d, want %d", v, SchemaVersion)
+	}
+}
+
+func TestSchemaNewerRefused(t *testing.T) {
+	path := tempPath(t)
+	writeRawVersion(t, path, SchemaVersion+1)
+	_, err := Open(path, Options{})
+	if !errors.Is(err, ErrNewerSchema) {
+		t.Fatalf("Open: %v, want ErrNewerSchema", err)
+	}
+	for _, s := range []string{path, fmt.Sprint(SchemaVersion), fmt.Sprint(SchemaVersion + 1)} {
+		if !strings.Contains(err.Error(), s) {
+			t.Errorf("error %q does not mention %q", err, s)
+		}
+	}
+	if v := readRawVersion(t, path); v != SchemaVersion+1 {
+		t.Fatalf("refused file changed to version %d", v)
+	}
+}
+
+func TestSchemaMigration(t *testing.T) {
+	path := tempPath(t)
+	writeRawVersion(t, path, SchemaVersion-1)
+	if _, err := Open(path, Options{}); err == nil || !strings.Contains(err.Error(), "no migration") {
+		t.Fatalf("Open without a migration: %v", err)
+	}
+
+	ran := false
+	migrations[SchemaVersion-1] = func(tx *bolt.Tx) error { ran = true; return nil }
+	t.Cleanup(func() { delete(migrations, SchemaVersion-1) })
+	db := mustOpen(t, path, Options{})
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if !ran {
+		t.Fatal("migration did not run")
+	}
+	if v := readRawVersion(t, path); v != SchemaVersion {
+		t.Fatalf("migrated file has version %d, want %d", v, SchemaVersion)
+	}
+}
+
+func TestOpenForeignFile(t *testing.T) {
+	path := tempPath(t)
+	bdb, err := bolt.Open(path, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = bdb.Update(func(tx *bolt.Tx) error { _, err := tx.CreateBucket([]byte("other")); return err })
+	if err != nil {
+		t.Fatal(err)
+	}
+	bdb.Close()
+	if _, err := Open(path, Options{}); err == nil || !strings.Contains(err.Error(), "not a snapcoord store") {
+		t.Fatalf("Open of a foreign bbolt file: %v", err)
+	}
+}
+
+func TestLocked(t *testing.T) {
+	path := tempPath(t)
+	mustOpen(t, path, Options{})
+	errc := make(chan error, 1)
+	go func() {
+		db, err := Open(path, Options{LockTimeout: 100 * time.Millisecond})
+		if err == nil {
+			db.Close()
+		}
+		errc <- err
+	}()
+	select {
+	case err := <-errc:
+		if !errors.Is(err, ErrLocked) {
+			t.Fatalf("second Open: %v, want ErrLocked", err)
+		}
+		if !strings.Contains(err.Error(), filepath.Dir(path)) {
+			t.Fatalf("error %q does not name the directory", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("second Open did not give up on the lock")
+	}
+}
+
+func TestGroupCommit(t *testing.T) {
+	const writers, perWriter = 256, 20
+	var commits, committed atomic.Int64
+	db := mustOpen(t, tempPath(t), Options{OnCommit: func(n int, _ time.Duration) {
+		commits.Add(1)
+		committed.Add(int64(n))
+	}})
+	b := &Batch{}
+	b.PutRun(runRecord("g"))
+	mustCommit(t, db, b)
+	commits.Store(0)
+	committed.Store(0)
+
+	var wg sync.WaitGroup
+	for w := range writers {
+		wg.Go(func() {
+			for i := range perWriter {
+				b := &Batch{}
+				b.PutEvent("g", event(int64(w*perWriter+i+1), "x"))
+				mustCommit(t, db, b)
+			}
+		})
+	}
+	wg.Wait()
+
+	total := int64(writers * perWriter)
+	if committed.Load() != total {
+		t.Errorf("OnCommit saw %d batches, want %d", committed.Load(), total)
+	}
+	if commits.Load() >= total {
+		t.Errorf("%d commits for %d batches: writers shared no fsync", commits.Load(), total)
+	}
+	t.Logf("%d batches in %d commits", total, commits.Load())
+	if got := len(mustLoad(t, reopen(t, db))[0].Events); int64(got) != total {
+		t.Fatalf("%d events durable, want %d", got, total)
+	}
+}
+
+func TestDoneInSubmitOrder(t *testing.T) {
+	db := mustOpen(t, tempPath(t), Options{MaxBatchesPerCommit: 7})
+	setup := &Batch{}
+	setup.PutRun(runRecord("r"))
+	pending := []*Pending{db.Submit(setup)}
+	for i := range 2000 {
+		b := &Batch{}
+		if i%5 != 0 { // every fifth batch is empty
+			b.PutEvent("r", event(int64(i+1), "x"))
+		}
+		pending = append(pending, db.Submit(b))
+	}
+	var wg sync.WaitGroup
+	for k := 1; k < len(pending); k++ {
+		wg.Go(func() {
+			<-pending[k].Done()
+			select {
+			case <-pending[k-1].Done():
+			default:
+				t.Errorf("batch %d done before batch %d", k, k-1)
+			}
+		})
+	}
+	wg.Wait()
+	for i, p := range pending {
+		if p.Err() != nil {
+			t.Fatalf("batch %d: %v", i, p.Err())
+		}
+	}
+}
+
+func TestCommitFailurePoisons(t *testing.T) {
+	db := mustOpen(t, tempPath(t), Options{})
+	good := &Batch{}
+	good.PutRun(runRecord("ok"))
+	mustCommit(t, db, good)
+
+	bad := &Batch{}
+	bad.PutRun(&storagev1.RunRecord{Run: &snapcoordv1.Run{}}) // empty key
+	err := db.Submit(bad).Wait(context.Background())
+	if !errors.Is(err, ErrCommitFailed) || !errors.Is(err, berrors.ErrKeyRequired) {
+		t.Fatalf("bad batch: %v, want ErrCommitFailed wrapping ErrKeyRequired", err)
+	}
+
+	later := &Batch{}
+	later.PutRun(runRecord("later"))
+	if err := db.Submit(later).Wait(context.Background()); !errors.Is(err, ErrCommitFailed) {
+		t.Fatalf("batch after failure: %v, want ErrCommitFailed", err)
+	}
+	if err := db.Submit(&Batch{}).Wait(context.Background()); !errors.Is(err, ErrCommitFailed) {
+		t.Fatalf("empty batch after failure: %v, want ErrCommitFailed", err)
+	}
+	runs := mustLoad(t, reopen(t, db))
+	if len(runs) != 1 || runs[0].Record.GetRun().GetRunId() != "ok" {
+		t.Fatalf("after poison, stored runs = %v", runs)
+	}
+}
+
+func TestInvalidBatchFails(t *testing.T) {
+	cases := map[string]func(b *Batch){
+		"negative step": func(b *Batch) { b.PutStep("r", &storagev1.StepRecord{Step: -1}) },
+		"negative seq":  func(b *Batch) { b.PutEvent("r", event(-2, "x")) },
+		"NUL in run id": func(b *Batch) { b.PutWorker("r\x00x", &snapcoordv1.Worker{WorkerId: "w"}) },
+	}
+	for name, put := range cases {
+		t.Run(name, func(t *testing.T) {
+			db := mustOpen(t, tempPath(t), Options{})
+			b := &Batch{}
+			b.PutRun(runRecord("r"))
+			put(b)
+			err := db.Submit(b).Wait(context.Background())
+			if !errors.Is(err, ErrCommitFailed) {
+				t.Fatalf("Submit: %v, want ErrCommitFailed", err)
+			}
+			if runs := mustLoad(t, db); len(runs) != 0 {
+				t.Fatalf("part of an invalid batch was stored: %v", runs)
+			}
+		})
+	}
+}
+
+func TestCloseDrains(t *testing.T) {
+	db := mustOpen(t, tempPath(t), Options{})
+	var pending []*Pending
+	for i := range 100 {
+		b := &Batch{}
+		b.PutRun(runRecord(fmt.Sprintf("r%03d", i)))
+		pending = append(pending, db.Submit(b))
+	}
+	if err := db.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	for i, p := range pending {
+		select {
+		case <-p.Done():
+			if p.Err() != nil {
+				t.Fatalf("batch %d: %v", i, p.Err())
+			}
+		default:
+			t.Fatalf("batch %d not done after Close", i)
+		}
+	}
+	if err := db.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+	p := db.Submit(&Batch{})
+	if err := p.Wait(context.Background()); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Submit after Close: %v, want ErrClosed", err)
+	}
+	if runs := mustLoad(t, mustOpen(t, db.Path(), Options{})); len(runs) != 100 {
+		t.Fatalf("%d runs durable after Close, want 100", len(runs))
+	}
+}
+
+func TestCloseRacesSubmit(t *testing.T) {
+	db := mustOpen(t, tempPath(t), Options{})
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Go(func() {
+			for {
+				b := &Batch{}
+				b.PutRun(runRecord("r"))
+				err := db.Submit(b).Wait(context.Background())
+				if errors.Is(err, ErrClosed) {
+					return
+				}
+				if err != nil {
+					t.Errorf("Submit: %v", err)
+					return
+				}
+			}
+		})
+	}
+	time.Sleep(20 * time.Millisecond)
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+}
+
+func TestWaitContext(t *testing.T) {
+	p := &Pending{done: make(chan struct{})}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := p.Wait(ctx); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Wait: %v, want context.Canceled", err)
+	}
+}
+
+func TestLoadCorruptRecord(t *testing.T) {
+	db := mustOpen(t, tempPath(t), Options{})
+	b := &Batch{}
+	b.PutRun(runRecord("r"))
+	mustCommit(t, db, b)
+	err := db.bolt.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketWorkers).Put(nameKey("r", "bad"), []byte{0xff, 0xff, 0xff})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = db.Load(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "workers") || !strings.Contains(err.Error(), "bad") {
+		t.Fatalf("Load of a corrupt record: %v, want an error naming bucket and key", err)
+	}
+}
+
+func TestLoadOrphanRecord(t *testing.T) {
+	db := mustOpen(t, tempPath(t), Options{})
+	b := &Batch{}
+	b.PutEvent("ghost", event(1, "x"))
+	mustCommit(t, db, b)
+	if _, err := db.Load(context.Background()); err == nil || !strings.Contains(err.Error(), "ghost") {
+		t.Fatalf("Load of a record without a run: %v", err)
+	}
+}
+
+func TestCheck(t *testing.T) {
+	db := mustOpen(t, tempPath(t), Options{})
+	_, b := fixture("r")
+	mustCommit(t, db, b)
+	if err := db.Check(); err != nil {
+		t.Fatalf("Check: %v", err)
+	}
+}
+
+func TestLoadManyRuns(t *testing.T) {
+	if testing.Short() {
+		t.Skip("writes 100,000 workers")
+	}
+	db := mustOpen(t, tempPath(t), Options{})
+	writeManyRuns(t, db, 1000, 100)
+	db = reopen(t, db)
+	start := time.Now()
+	runs := mustLoad(t, db)
+	t.Logf("loaded %d runs with %d workers each in %v", len(runs), len(runs[0].Workers), time.Since(start))
+	if len(runs) != 1000 || len(runs[999].Workers) != 100 {
+		t.Fatalf("loaded %d runs", len(runs))
+	}
+}
+
+// writeManyRuns submits one batch per run without waiting in between, so
+// they group-commit.
+func writeManyRuns(t testing.TB, db *DB, nRuns, nWorkers int) {
+	t.Helper()
+	var pending []*Pending
+	for r := range nRuns {
+		id := fmt.Sprintf("run-%04d", r)
+		b := &Batch{}
+		b.PutRun(runRecord(id))
+		for w := range nWorkers {
+			b.PutWorker(id, &snapcoordv1.Worker{
+				WorkerId: fmt.Sprintf("w%03d", w), Name: "worker", Rank: int32(w),
+				RegisteredAt: timestamppb.Now(), LeaseExpiresAt: timestamppb.Now(),
+			})
+		}
+		pending = append(pending, db.Submit(b))
+	}
+	for _, p := range pending {
+		if err := p.Wait(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

@@ -1,0 +1,121 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+)
+
+func noEnv(string) (string, bool) { return "", false }
+
+func envMap(m map[string]string) func(string) (string, bool) {
+	return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
+}
+
+func TestServeHelpListsFlagsWithEnv(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	if code := runServe(t.Context(), []string{"--help"}, noEnv, &stdout, &stderr); code != exitOK {
+		t.Fatalf("serve --help: exit %d, stderr %q", code, stderr.String())
+	}
+	for _, flag := range []string{"listen", "data-dir", "heartbeat-interval", "lease-ttl", "drain-timeout", "lock-timeout", "log-format", "log-level"} {
+		if !strings.Contains(stdout.String(), "-"+flag) || !strings.Contains(stdout.String(), envName(flag)) {
+			t.Errorf("help lacks -%s or %s:\n%s", flag, envName(flag), stdout.String())
+		}
+	}
+}
+
+func TestEnvSetsDefaultsAndFlagsWin(t *testing.T) {
+	env := envMap(map[string]string{
+		"SNAPCOORD_LISTEN":    "127.0.0.1:9999",
+		"SNAPCOORD_LEASE_TTL": "42s",
+		"SNAPCOORD_LOG_LEVEL": "debug",
+	})
+	cfg, _, err := parseServe([]string{"--listen", "127.0.0.1:1234"}, env)
+	if err != nil {
+		t.Fatalf("parseServe: %v", err)
+	}
+	if cfg.listen != "127.0.0.1:1234" {
+		t.Errorf("listen = %q, want the flag's value over the environment's", cfg.listen)
+	}
+	if cfg.leaseTTL != 42*time.Second || cfg.logLevel.String() != "DEBUG" {
+		t.Errorf("lease TTL %v, log level %v; want 42s and DEBUG from the environment", cfg.leaseTTL, cfg.logLevel)
+	}
+	if cfg.dataDir != "./data" || cfg.heartbeatInterval != 5*time.Second || cfg.drainTimeout != 10*time.Second {
+		t.Errorf("defaults = %+v", cfg)
+	}
+}
+
+func TestServeUsageErrors(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+		env  map[string]string
+		want string // in stderr
+	}{
+		{"bad env duration", nil, map[string]string{"SNAPCOORD_LEASE_TTL": "soon"}, "SNAPCOORD_LEASE_TTL"},
+		{"bad log format", []string{"--log-format", "xml"}, nil, "--log-format"},
+		{"bad log level", []string{"--log-level", "loud"}, nil, "log-level"},
+		{"lease shorter than heartbeat", []string{"--heartbeat-interval", "10s", "--lease-ttl", "5s"}, nil, "--lease-ttl"},
+		{"unknown flag", []string{"--nope"}, nil, "nope"},
+		{"stray argument", []string{"now"}, nil, `"now"`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			code := runServe(t.Context(), tt.args, envMap(tt.env), &stdout, &stderr)
+			if code != exitUsage || !strings.Contains(stderr.String(), tt.want) {
+				t.Errorf("exit %d, stderr %q; want %d mentioning %s", code, stderr.String(), exitUsage, tt.want)
+			}
+		})
+	}
+}
+
+func TestCommands(t *testing.T) {
+	tests := []struct {
+		args     []string
+		code     int
+		inStdout string
+	}{
+		{[]string{"version"}, exitOK, "snapcoord "},
+		{[]string{"help"}, exitOK, "serve"},
+		{nil, exitUsage, ""},
+		{[]string{"frobnicate"}, exitUsage, ""},
+	}
+	for _, tt := range tests {
+		var stdout, stderr bytes.Buffer
+		code := run(t.Context(), tt.args, &stdout, &stderr)
+		if code != tt.code || !strings.Contains(stdout.String(), tt.inStdout) {
+			t.Errorf("run(%q) = %d, stdout %q; want %d with %q", tt.args, code, stdout.String(), tt.code, tt.inStdout)
+		}
+	}
+}
+
+// serve in-process, so the race detector sees its shutdown path; cancelling
+// ctx stands in for the signal.
+func TestServeInProcessStopsOnCancel(t *testing.T) {
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	logs := newLogWatcher()
+	args := []string{"--listen", "127.0.0.1:0", "--data-dir", t.TempDir(), "--log-format", "json"}
+	done := make(chan int, 1)
+	go func() { done <- runServe(ctx, args, noEnv, logs, logs) }()
+
+	var addr string
+	select {
+	case addr = <-logs.serving:
+	case code := <-done:
+		t.Fatalf("serve exited %d before serving:\n%s", code, logs)
+	}
+	resp, err := healthpb.NewHealthClient(dial(t, addr)).Check(t.Context(), &healthpb.HealthCheckRequest{})
+	if err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		t.Errorf("Check = %v, %v; want SERVING", resp.GetStatus(), err)
+	}
+	cancel()
+	if code := <-done; code != exitOK {
+		t.Errorf("serve exit %d after cancel, want 0:\n%s", code, logs)
+	}
+}

@@ -1,0 +1,75 @@
+package grpcserver
+
+import (
+	"context"
+	"errors"
+
+	middleware "github.com/grpc-ecosystem/go-grpc-middleware/v2"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+)
+
+// errDrained marks a context cancelled by shutdown; clients never see it.
+var errDrained = errors.New("server is shutting down")
+
+// errUnavailable tells a client whose RPC shutdown cut off to retry: its
+// stream or poll resumes from the last sequence number it saw.
+var errUnavailable = status.Error(codes.Unavailable, "server is shutting down; retry")
+
+// longPolls are the unary methods that may wait for a long time. Like
+// streams, they would hold GracefulStop for the whole drain timeout.
+var longPolls = map[string]bool{v1.WorkerService_PollCommands_FullMethodName: true}
+
+// drainer ends long-lived RPCs when shutdown starts. GracefulStop waits for
+// every open RPC, and streams (WatchRun, StreamCommands, health Watch) never
+// end by themselves, so without this every shutdown would take the whole
+// drain timeout and then cut the short RPCs off too.
+type drainer struct {
+	ctx   context.Context
+	start func()
+}
+
+func newDrainer() *drainer {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	return &drainer{ctx: ctx, start: func() { cancel(errDrained) }}
+}
+
+func (d *drainer) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	if !longPolls[info.FullMethod] {
+		return handler(ctx, req)
+	}
+	ctx, release := d.bind(ctx)
+	defer release()
+	resp, err := handler(ctx, req)
+	if err != nil && context.Cause(ctx) == errDrained {
+		return nil, errUnavailable
+	}
+	return resp, err
+}
+
+func (d *drainer) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	ctx, release := d.bind(ss.Context())
+	defer release()
+	wrapped := middleware.WrapServerStream(ss)
+	wrapped.WrappedContext = ctx
+	err := handler(srv, wrapped)
+	// Even a clean end is reported as UNAVAILABLE: for WatchRun a clean end
+	// means "the run is over", which a drained stream must not claim.
+	if context.Cause(ctx) == errDrained {
+		return errUnavailable
+	}
+	return err
+}
+
+// bind derives a context that is also cancelled when draining starts.
+func (d *drainer) bind(parent context.Context) (context.Context, func()) {
+	ctx, cancel := context.WithCancelCause(parent)
+	stop := context.AfterFunc(d.ctx, func() { cancel(errDrained) })
+	return ctx, func() {
+		stop()
+		cancel(nil)
+	}
+}

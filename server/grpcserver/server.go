@@ -1,0 +1,161 @@
+// Package grpcserver assembles snapcoord's gRPC server: the RunService and
+// WorkerService handlers, request validation, panic recovery, health,
+// reflection, limits and keepalive, and a bounded graceful shutdown.
+package grpcserver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+
+	"buf.build/go/protovalidate"
+	pvinterceptor "github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/protovalidate"
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/reflection"
+
+	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+	"github.com/snapcoord/snapcoord/server/engine"
+	"github.com/snapcoord/snapcoord/server/transport"
+)
+
+// healthServices are the names health reports on; "" is the whole server,
+// which is what most probes (grpc_health_probe, Kubernetes) ask about.
+var healthServices = []string{"", v1.RunService_ServiceDesc.ServiceName, v1.WorkerService_ServiceDesc.ServiceName}
+
+// Server is a gRPC server with its health state and shutdown.
+type Server struct {
+	grpc   *grpc.Server
+	health *health.Server
+	drain  *drainer
+	log    *slog.Logger
+
+	mu       sync.Mutex
+	stopping bool
+	stopOnce sync.Once
+	stopped  chan struct{} // closed once the gRPC server has fully stopped
+}
+
+// New builds a server answering RunService and WorkerService from eng. It
+// reports NOT_SERVING until Serve is called.
+func New(cfg Config, eng *engine.Engine, logger *slog.Logger) (*Server, error) {
+	return newServer(cfg, logger, func(r grpc.ServiceRegistrar) {
+		v1.RegisterRunServiceServer(r, transport.NewRunServer(eng, logger))
+		v1.RegisterWorkerServiceServer(r, transport.NewWorkerServer(eng, logger))
+	})
+}
+
+// newServer is New with the snapcoord services supplied by register, so
+// tests can serve a handler that panics through the same chain.
+func newServer(cfg Config, logger *slog.Logger, register func(grpc.ServiceRegistrar)) (*Server, error) {
+	cfg = cfg.withDefaults()
+	validator, err := protovalidate.New()
+	if err != nil {
+		return nil, fmt.Errorf("grpcserver: build request validator: %w", err)
+	}
+	s := &Server{health: health.NewServer(), drain: newDrainer(), log: logger, stopped: make(chan struct{})}
+	s.grpc = grpc.NewServer(s.options(cfg, validator)...)
+	register(s.grpc)
+	healthpb.RegisterHealthServer(s.grpc, s.health)
+	reflection.Register(s.grpc)
+	s.setHealth(healthpb.HealthCheckResponse_NOT_SERVING)
+	return s, nil
+}
+
+func (s *Server) options(cfg Config, validator protovalidate.Validator) []grpc.ServerOption {
+	recoverOpt := recovery.WithRecoveryHandlerContext(s.recoverPanic)
+	// Outermost first. The configured slots (logging, auth) see every RPC
+	// and its final status; drain turns shutdown cancellation into
+	// UNAVAILABLE; validation rejects bad input before any handler;
+	// recovery is innermost, as in go-grpc-middleware's examples/server, so
+	// a panic becomes a status that every outer layer still observes.
+	unary := append(append([]grpc.UnaryServerInterceptor{}, cfg.UnaryInterceptors...),
+		s.drain.unary,
+		pvinterceptor.UnaryServerInterceptor(validator),
+		recovery.UnaryServerInterceptor(recoverOpt),
+	)
+	stream := append(append([]grpc.StreamServerInterceptor{}, cfg.StreamInterceptors...),
+		s.drain.stream,
+		pvinterceptor.StreamServerInterceptor(validator),
+		recovery.StreamServerInterceptor(recoverOpt),
+	)
+	opts := []grpc.ServerOption{
+		grpc.ChainUnaryInterceptor(unary...),
+		grpc.ChainStreamInterceptor(stream...),
+		grpc.MaxRecvMsgSize(cfg.MaxRecvMsgSize),
+		grpc.MaxConcurrentStreams(cfg.MaxConcurrentStreams),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{
+			MinTime:             cfg.KeepaliveMinTime,
+			PermitWithoutStream: !cfg.RejectPingsWithoutStream,
+		}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{
+			MaxConnectionIdle: cfg.MaxConnectionIdle,
+			Time:              cfg.KeepaliveTime,
+			Timeout:           cfg.KeepaliveTimeout,
+		}),
+	}
+	return append(opts, cfg.ServerOptions...)
+}
+
+// Serve reports SERVING and serves lis until Shutdown; it then returns nil.
+func (s *Server) Serve(lis net.Listener) error {
+	s.mu.Lock()
+	if s.stopping {
+		s.mu.Unlock()
+		_ = lis.Close()
+		return nil
+	}
+	s.setHealth(healthpb.HealthCheckResponse_SERVING)
+	s.mu.Unlock()
+	err := s.grpc.Serve(lis)
+	// ErrServerStopped means Shutdown won the race with the line above: the
+	// server was told to stop before it began, which is not a failure.
+	if err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+		return fmt.Errorf("grpcserver: serve %s: %w", lis.Addr(), err)
+	}
+	return nil
+}
+
+// Shutdown reports NOT_SERVING, ends long-lived RPCs (streams, long polls)
+// with UNAVAILABLE so their clients reconnect elsewhere or later, and waits
+// for the other RPCs to finish. When ctx ends first it cuts them off and
+// returns ctx's error. It is safe to call more than once and concurrently.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.stopOnce.Do(s.beginStop)
+	select {
+	case <-s.stopped:
+		return nil
+	case <-ctx.Done():
+		s.grpc.Stop()
+		<-s.stopped
+		return fmt.Errorf("grpcserver: drain cut short: %w", ctx.Err())
+	}
+}
+
+// beginStop reports NOT_SERVING, ends long-lived RPCs and starts the
+// graceful stop, which closes s.stopped when every RPC has finished.
+func (s *Server) beginStop() {
+	s.mu.Lock()
+	s.stopping = true
+	// health.Shutdown also makes later SetServingStatus calls no-ops, so a
+	// racing Serve cannot flip the status back.
+	s.health.Shutdown()
+	s.mu.Unlock()
+	s.drain.start()
+	go func() {
+		s.grpc.GracefulStop()
+		close(s.stopped)
+	}()
+}
+
+func (s *Server) setHealth(st healthpb.HealthCheckResponse_ServingStatus) {
+	for _, name := range healthServices {
+		s.health.SetServingStatus(name, st)
+	}
+}

@@ -1,0 +1,247 @@
+package grpcserver
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
+	"google.golang.org/grpc/status"
+
+	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+)
+
+func TestHealthServingThenNotServingAfterShutdown(t *testing.T) {
+	ts := newTestServer(t)
+	for _, name := range healthServices {
+		resp, err := ts.health.Check(t.Context(), &healthpb.HealthCheckRequest{Service: name})
+		if err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+			t.Fatalf("Check(%q) = %v, %v; want SERVING", name, resp.GetStatus(), err)
+		}
+	}
+	watch, err := ts.health.Watch(t.Context(), &healthpb.HealthCheckRequest{})
+	if err != nil {
+		t.Fatalf("Watch: %v", err)
+	}
+	if resp, err := watch.Recv(); err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("Watch first = %v, %v; want SERVING", resp.GetStatus(), err)
+	}
+
+	shutdown(t, ts.srv)
+
+	// The listener is closed now, so ask the health service in-process.
+	for _, name := range healthServices {
+		resp, err := ts.srv.health.Check(t.Context(), &healthpb.HealthCheckRequest{Service: name})
+		if err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_NOT_SERVING {
+			t.Errorf("after Shutdown, Check(%q) = %v, %v; want NOT_SERVING", name, resp.GetStatus(), err)
+		}
+	}
+	// A watcher learns it either from the update or from the stream ending
+	// UNAVAILABLE: shutdown ends every stream, and both may race.
+	resp, err := watch.Recv()
+	if err == nil && resp.GetStatus() != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Errorf("Watch after Shutdown = %v, want NOT_SERVING", resp.GetStatus())
+	}
+	if err != nil && status.Code(err) != codes.Unavailable {
+		t.Errorf("Watch after Shutdown: %v, want UNAVAILABLE", err)
+	}
+}
+
+// Open streams must not hold shutdown for the whole drain timeout: they end
+// UNAVAILABLE at once, so their clients resume elsewhere or later.
+func TestShutdownEndsStreamsWithUnavailable(t *testing.T) {
+	ts := newTestServer(t)
+	createRun(t, ts, "watched")
+	watch, err := ts.runs.WatchRun(t.Context(), &v1.WatchRunRequest{RunId: "watched"})
+	if err != nil {
+		t.Fatalf("WatchRun: %v", err)
+	}
+	if _, err := watch.Recv(); err != nil {
+		t.Fatalf("WatchRun first event: %v", err)
+	}
+
+	shutdown(t, ts.srv)
+
+	for {
+		_, err := watch.Recv()
+		if err == nil {
+			continue // backlog sent before the shutdown
+		}
+		if status.Code(err) != codes.Unavailable {
+			t.Errorf("WatchRun after Shutdown: %v, want UNAVAILABLE", err)
+		}
+		break
+	}
+}
+
+func TestShutdownIsIdempotentAndServeAfterwardReturns(t *testing.T) {
+	ts := newTestServer(t)
+	shutdown(t, ts.srv)
+	shutdown(t, ts.srv)
+	lis := listenLoopback(t)
+	if err := ts.srv.Serve(lis); err != nil {
+		t.Errorf("Serve after Shutdown = %v, want nil", err)
+	}
+}
+
+func TestShutdownDeadlineCutsOff(t *testing.T) {
+	ts := newTestServer(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	if err := ts.srv.Shutdown(ctx); !errors.Is(err, context.Canceled) {
+		t.Errorf("Shutdown(done ctx) = %v, want context.Canceled", err)
+	}
+}
+
+func TestReflectionListsServices(t *testing.T) {
+	ts := newTestServer(t)
+	stream, err := reflectionpb.NewServerReflectionClient(ts.conn).ServerReflectionInfo(t.Context())
+	if err != nil {
+		t.Fatalf("ServerReflectionInfo: %v", err)
+	}
+	req := &reflectionpb.ServerReflectionRequest{
+		MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{ListServices: "*"},
+	}
+	if err := stream.Send(req); err != nil {
+		t.Fatalf("Send: %v", err)
+	}
+	resp, err := stream.Recv()
+	if err != nil {
+		t.Fatalf("Recv: %v", err)
+	}
+	got := map[string]bool{}
+	for _, s := range resp.GetListServicesResponse().GetService() {
+		got[s.GetName()] = true
+	}
+	for _, want := range []string{"snapcoord.v1.RunService", "snapcoord.v1.WorkerService", "grpc.health.v1.Health"} {
+		if !got[want] {
+			t.Errorf("reflection lists %v, missing %s", got, want)
+		}
+	}
+	_ = stream.CloseSend()
+}
+
+func TestBadRunIDIsInvalidArgumentNamingTheField(t *testing.T) {
+	ts := newTestServer(t)
+	_, err := ts.runs.CreateRun(t.Context(), &v1.CreateRunRequest{RunId: "Bad ID!", Spec: testSpec(1)})
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(status.Convert(err).Message(), "run_id") {
+		t.Errorf("CreateRun(bad run_id) = %v, want INVALID_ARGUMENT naming run_id", err)
+	}
+	// Streams are validated too.
+	watch, err := ts.runs.WatchRun(t.Context(), &v1.WatchRunRequest{RunId: "Bad ID!"})
+	if err == nil {
+		_, err = watch.Recv()
+	}
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(status.Convert(err).Message(), "run_id") {
+		t.Errorf("WatchRun(bad run_id) = %v, want INVALID_ARGUMENT naming run_id", err)
+	}
+}
+
+func TestUnknownRunIsNotFound(t *testing.T) {
+	ts := newTestServer(t)
+	_, err := ts.runs.GetRun(t.Context(), &v1.GetRunRequest{RunId: "no-such-run"})
+	if status.Code(err) != codes.NotFound || !strings.Contains(status.Convert(err).Message(), "no-such-run") {
+		t.Errorf("GetRun(unknown) = %v, want NOT_FOUND naming the run", err)
+	}
+}
+
+func TestOversizedRequestIsRejected(t *testing.T) {
+	ts := newTestServer(t)
+	big := strings.Repeat("x", 2<<20)
+	_, err := ts.runs.CancelRun(t.Context(), &v1.CancelRunRequest{RunId: "r", Reason: big})
+	if status.Code(err) != codes.ResourceExhausted {
+		t.Errorf("CancelRun(2 MiB) = %v, want RESOURCE_EXHAUSTED", err)
+	}
+}
+
+// panickingRuns stands in for a handler with a bug.
+type panickingRuns struct {
+	v1.UnimplementedRunServiceServer
+}
+
+func (panickingRuns) GetRun(context.Context, *v1.GetRunRequest) (*v1.GetRunResponse, error) {
+	panic("secret detail: nil map in run r1")
+}
+
+func (panickingRuns) WatchRun(*v1.WatchRunRequest, grpc.ServerStreamingServer[v1.WatchRunResponse]) error {
+	panic("secret detail: stream")
+}
+
+func TestPanicBecomesInternalAndServerSurvives(t *testing.T) {
+	logs := &syncBuffer{}
+	srv, err := newServer(Config{}, slog.New(slog.NewTextHandler(logs, nil)), func(r grpc.ServiceRegistrar) {
+		v1.RegisterRunServiceServer(r, panickingRuns{})
+	})
+	if err != nil {
+		t.Fatalf("newServer: %v", err)
+	}
+	ts := serveTestServer(t, srv, logs)
+
+	_, err = ts.runs.GetRun(t.Context(), &v1.GetRunRequest{RunId: "r1"})
+	checkInternal(t, "GetRun", err)
+	watch, err := ts.runs.WatchRun(t.Context(), &v1.WatchRunRequest{RunId: "r1"})
+	if err == nil {
+		_, err = watch.Recv()
+	}
+	checkInternal(t, "WatchRun", err)
+
+	if log := logs.String(); !strings.Contains(log, "panic in RPC handler") || !strings.Contains(log, "server_test.go") {
+		t.Errorf("log lacks the panic and its stack:\n%s", log)
+	}
+	if resp, err := ts.health.Check(t.Context(), &healthpb.HealthCheckRequest{}); err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		t.Errorf("after a panic, Check = %v, %v; want SERVING", resp.GetStatus(), err)
+	}
+}
+
+func checkInternal(t *testing.T, rpc string, err error) {
+	t.Helper()
+	st := status.Convert(err)
+	if st.Code() != codes.Internal || st.Message() != "internal error" {
+		t.Errorf("%s after a panic = %v, want INTERNAL %q", rpc, err, "internal error")
+	}
+}
+
+func shutdown(t *testing.T, srv *Server) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(ctx); err != nil {
+		t.Fatalf("Shutdown: %v (streams held the drain?)", err)
+	}
+}
+
+// A long poll must not hold shutdown for the drain timeout either.
+func TestShutdownEndsLongPoll(t *testing.T) {
+	ts := newTestServer(t)
+	createRun(t, ts, "polled")
+	reg, err := ts.workers.RegisterWorker(t.Context(), &v1.RegisterWorkerRequest{
+		RunId: "polled", Role: v1.WorkerRole_WORKER_ROLE_ENVIRONMENT, Name: "env-0",
+	})
+	if err != nil {
+		t.Fatalf("RegisterWorker: %v", err)
+	}
+	polled := make(chan error, 1)
+	go func() {
+		resp, err := ts.workers.PollCommands(t.Context(), &v1.PollCommandsRequest{
+			RunId: "polled", WorkerId: reg.GetWorkerId(), AfterSeq: reg.GetLastCommandSeq(), WaitSeconds: 3600,
+		})
+		if err == nil && len(resp.GetCommands()) > 0 {
+			err = errors.New("got commands, want none")
+		}
+		polled <- err
+	}()
+
+	shutdown(t, ts.srv)
+
+	// Whether the poll was cut off in flight or never got in, the client
+	// is told to retry.
+	if err := <-polled; err != nil && status.Code(err) != codes.Unavailable {
+		t.Errorf("PollCommands during Shutdown: %v, want UNAVAILABLE or an empty answer", err)
+	}
+}

@@ -1,0 +1,74 @@
+package transport
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/snapcoord/snapcoord/server/engine"
+)
+
+// ErrInternal is what a client sees for any failure the server did not
+// anticipate: a fixed message, so no internal detail ever leaves the process.
+var ErrInternal = status.Error(codes.Internal, "internal error")
+
+// kindCodes is the one table from engine error kinds to status codes.
+var kindCodes = []struct {
+	kind error
+	code codes.Code
+}{
+	{engine.ErrInvalidArgument, codes.InvalidArgument},
+	{engine.ErrNotFound, codes.NotFound},
+	{engine.ErrAlreadyExists, codes.AlreadyExists},
+	{engine.ErrFailedPrecondition, codes.FailedPrecondition},
+	{engine.ErrPermissionDenied, codes.PermissionDenied},
+	{engine.ErrResourceExhausted, codes.ResourceExhausted},
+	{engine.ErrUnavailable, codes.Unavailable},
+}
+
+// sendError marks a failure of stream.Send: it is already a gRPC status
+// (usually the client went away), not a server fault, so it passes through.
+type sendError struct{ err error }
+
+func (e sendError) Error() string { return e.err.Error() }
+func (e sendError) Unwrap() error { return e.err }
+
+// toStatus turns an engine error into the status a client sees. Only
+// engine.Error messages are shown; anything unexpected is logged here, the
+// single place that sees it, and answered with ErrInternal.
+func toStatus(ctx context.Context, log *slog.Logger, err error) error {
+	if err == nil {
+		return nil
+	}
+	for _, kc := range kindCodes {
+		if errors.Is(err, kc.kind) {
+			return status.Error(kc.code, safeMessage(err, kc.kind))
+		}
+	}
+	if se, ok := errors.AsType[sendError](err); ok {
+		return se.err
+	}
+	switch {
+	case errors.Is(err, context.Canceled):
+		return status.Error(codes.Canceled, context.Canceled.Error())
+	case errors.Is(err, context.DeadlineExceeded):
+		return status.Error(codes.DeadlineExceeded, context.DeadlineExceeded.Error())
+	}
+	method, _ := grpc.Method(ctx)
+	log.ErrorContext(ctx, "internal error", "method", method, "err", err)
+	return ErrInternal
+}
+
+// safeMessage returns the engine's client-safe message. A bare kind (not
+// inside an *engine.Error) may sit under wrapping text that was never meant
+// for clients, so only the kind's own text is shown then.
+func safeMessage(err, kind error) string {
+	if ee, ok := errors.AsType[*engine.Error](err); ok {
+		return ee.Msg
+	}
+	return kind.Error()
+}

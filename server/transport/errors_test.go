@@ -1,0 +1,108 @@
+package transport
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/snapcoord/snapcoord/server/engine"
+)
+
+func TestToStatusMapsEveryKind(t *testing.T) {
+	tests := []struct {
+		kind error
+		want codes.Code
+	}{
+		{engine.ErrInvalidArgument, codes.InvalidArgument},
+		{engine.ErrNotFound, codes.NotFound},
+		{engine.ErrAlreadyExists, codes.AlreadyExists},
+		{engine.ErrFailedPrecondition, codes.FailedPrecondition},
+		{engine.ErrPermissionDenied, codes.PermissionDenied},
+		{engine.ErrResourceExhausted, codes.ResourceExhausted},
+		{engine.ErrUnavailable, codes.Unavailable},
+	}
+	if len(tests) != len(kindCodes) {
+		t.Fatalf("table has %d kinds, test covers %d: add the new kind here", len(kindCodes), len(tests))
+	}
+	for _, tt := range tests {
+		t.Run(tt.want.String(), func(t *testing.T) {
+			msg := fmt.Sprintf("run %q: %v", "r1", tt.kind)
+			for _, err := range []error{
+				&engine.Error{Kind: tt.kind, Msg: msg},
+				fmt.Errorf("engine: create: %w", &engine.Error{Kind: tt.kind, Msg: msg}),
+			} {
+				st := status.Convert(toStatus(t.Context(), discard(), err))
+				if st.Code() != tt.want || st.Message() != msg {
+					t.Errorf("toStatus(%v) = %v %q, want %v %q", err, st.Code(), st.Message(), tt.want, msg)
+				}
+			}
+		})
+	}
+}
+
+// A bare kind under wrapping text must not show that text: only an
+// engine.Error's Msg is written for clients.
+func TestToStatusBareKindHidesWrapping(t *testing.T) {
+	err := fmt.Errorf("bolt: /var/lib/secret: %w", engine.ErrNotFound)
+	st := status.Convert(toStatus(t.Context(), discard(), err))
+	if st.Code() != codes.NotFound || st.Message() != engine.ErrNotFound.Error() {
+		t.Errorf("got %v %q, want NotFound %q", st.Code(), st.Message(), engine.ErrNotFound.Error())
+	}
+}
+
+func TestToStatusUnknownErrorIsInternalAndLogged(t *testing.T) {
+	var logs bytes.Buffer
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	secret := errors.New("bbolt: page 42 corrupt at /srv/snapcoord/data/snapcoord.db")
+	for _, err := range []error{secret, fmt.Errorf("commit: %w", secret), &engine.Error{Msg: "no kind"}} {
+		logs.Reset()
+		st := status.Convert(toStatus(t.Context(), log, err))
+		if st.Code() != codes.Internal || st.Message() != "internal error" {
+			t.Errorf("toStatus(%v) = %v %q, want Internal %q", err, st.Code(), st.Message(), "internal error")
+		}
+		if !strings.Contains(logs.String(), "level=ERROR") || !strings.Contains(logs.String(), err.Error()) {
+			t.Errorf("log = %q, want an ERROR line with %q", logs.String(), err.Error())
+		}
+	}
+}
+
+func TestToStatusContextErrors(t *testing.T) {
+	tests := []struct {
+		err  error
+		want codes.Code
+	}{
+		{context.Canceled, codes.Canceled},
+		{fmt.Errorf("wait for commit: %w", context.Canceled), codes.Canceled},
+		{context.DeadlineExceeded, codes.DeadlineExceeded},
+		{fmt.Errorf("wait for commit: %w", context.DeadlineExceeded), codes.DeadlineExceeded},
+	}
+	for _, tt := range tests {
+		st := status.Convert(toStatus(t.Context(), discard(), tt.err))
+		if st.Code() != tt.want || strings.Contains(st.Message(), "commit") {
+			t.Errorf("toStatus(%v) = %v %q, want %v without the wrapping text", tt.err, st.Code(), st.Message(), tt.want)
+		}
+	}
+}
+
+func TestToStatusPassesSendErrorsThrough(t *testing.T) {
+	sendErr := status.Error(codes.Unavailable, "transport is closing")
+	err := fmt.Errorf("watch: %w", sendError{sendErr})
+	if got := toStatus(t.Context(), discard(), err); got != sendErr {
+		t.Errorf("toStatus = %v, want the Send error unchanged", got)
+	}
+}
+
+func TestToStatusNil(t *testing.T) {
+	if err := toStatus(t.Context(), discard(), nil); err != nil {
+		t.Errorf("toStatus(nil) = %v", err)
+	}
+}
+
+func discard() *slog.Logger { return slog.New(slog.DiscardHandler) }

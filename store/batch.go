@@ -63,11 +63,30 @@ func (b *Batch) PutWorker(runID string, w *snapcoordv1.Worker) {
 	}
 }
 
-// PutSnapshot stores a snapshot of a run.
+// PutSnapshot stores a snapshot of a run, without its reports: those are
+// stored one by one with PutSnapshotReport, so that N workers reporting cost
+// N small writes rather than N rewrites of an ever larger record.
 func (b *Batch) PutSnapshot(runID string, s *snapcoordv1.Snapshot) {
-	if b.checkRunID(runID) {
-		b.put(idSnapshots, nameKey(runID, s.GetSnapshotId()), s)
+	if !b.checkRunID(runID) {
+		return
 	}
+	reports := s.Reports
+	s.Reports = nil // the caller holds s exclusively while it builds the batch
+	b.put(idSnapshots, nameKey(runID, s.GetSnapshotId()), s)
+	s.Reports = reports
+}
+
+// PutSnapshotReport stores one worker's report on a snapshot; Load returns
+// it in the snapshot's Reports.
+func (b *Batch) PutSnapshotReport(runID, snapshotID string, r *snapcoordv1.SnapshotReport) {
+	if !b.checkRunID(runID) {
+		return
+	}
+	if strings.IndexByte(snapshotID, keySep) >= 0 {
+		b.fail(fmt.Errorf("store: snapshot id %q contains a NUL byte", snapshotID))
+		return
+	}
+	b.put(idReports, nameKey(runID, snapshotID+"\x00"+r.GetWorkerId()), r)
 }
 
 // PutEvent stores an event of a run.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"slices"
 
 	bolt "go.etcd.io/bbolt"
 	"google.golang.org/protobuf/proto"
@@ -17,7 +18,7 @@ type RunData struct {
 	Record    *storagev1.RunRecord
 	Steps     []*storagev1.StepRecord // by step
 	Workers   []*snapcoordv1.Worker   // by worker id
-	Snapshots []*snapcoordv1.Snapshot // by snapshot id
+	Snapshots []*snapcoordv1.Snapshot // by snapshot id, with their reports in the order reported
 	Events    []*snapcoordv1.RunEvent // by seq
 	Commands  []*snapcoordv1.Command  // by seq
 }
@@ -68,7 +69,40 @@ func loadTx(ctx context.Context, tx *bolt.Tx) ([]*RunData, error) {
 			return nil, err
 		}
 	}
+	if err := loadReports(tx, byID); err != nil {
+		return nil, err
+	}
 	return runs, nil
+}
+
+// loadReports attaches each stored report to its snapshot. Keys are run id,
+// keySep, snapshot id, keySep, worker id.
+func loadReports(tx *bolt.Tx, byID map[string]*RunData) error {
+	snaps := map[string]*snapcoordv1.Snapshot{}
+	for id, rd := range byID {
+		for _, s := range rd.Snapshots {
+			snaps[id+"\x00"+s.SnapshotId] = s
+		}
+	}
+	err := tx.Bucket(bucketReports).ForEach(func(k, v []byte) error {
+		i := bytes.LastIndexByte(k, keySep)
+		s := snaps[string(k[:max(i, 0)])]
+		if i < 0 || s == nil {
+			return fmt.Errorf("store: bucket %s key %q: report of unknown snapshot", bucketReports, k)
+		}
+		rep := &snapcoordv1.SnapshotReport{}
+		if err := proto.Unmarshal(v, rep); err != nil {
+			return fmt.Errorf("store: bucket %s key %q: %w", bucketReports, k, err)
+		}
+		s.Reports = append(s.Reports, rep)
+		return nil
+	})
+	for _, s := range snaps {
+		slices.SortStableFunc(s.Reports, func(a, b *snapcoordv1.SnapshotReport) int {
+			return a.GetReportedAt().AsTime().Compare(b.GetReportedAt().AsTime())
+		})
+	}
+	return err
 }
 
 // loadRuns reads the runs bucket; bbolt iterates in key order, which is

@@ -47,6 +47,7 @@ var (
 	bucketSnapshots = []byte("snapshots")
 	bucketEvents    = []byte("events")
 	bucketCommands  = []byte("commands")
+	bucketReports   = []byte("reports")
 
 	keySchemaVersion = []byte("schema_version")
 )
@@ -60,6 +61,7 @@ var allBuckets = [...][]byte{
 	idSnapshots: bucketSnapshots,
 	idEvents:    bucketEvents,
 	idCommands:  bucketCommands,
+	idReports:   bucketReports,
 }
 
 type bucketID uint8
@@ -72,6 +74,7 @@ const (
 	idSnapshots
 	idEvents
 	idCommands
+	idReports
 )
 
 // migrations[v] upgrades a file from schema version v to v+1 inside the

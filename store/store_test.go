@@ -637,3 +637,49 @@ func writeManyRuns(t testing.TB, db *DB, nRuns, nWorkers int) {
 		}
 	}
 }
+
+// Reports are stored apart from their snapshot and come back attached to it,
+// in the order they were reported, whatever the worker ids.
+func TestSnapshotReportsRoundTrip(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "snapcoord.db")
+	db, err := Open(path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := func(s int64) *timestamppb.Timestamp { return timestamppb.New(time.Unix(1700000000+s, 0)) }
+	snap := &snapcoordv1.Snapshot{SnapshotId: "snap-1", IssuedAt: at(0)}
+	var b Batch
+	b.PutRun(&storagev1.RunRecord{Run: &snapcoordv1.Run{RunId: "r"}})
+	b.PutSnapshot("r", snap)
+	reports := []*snapcoordv1.SnapshotReport{
+		{WorkerId: "w9", Outcome: snapcoordv1.SnapshotOutcome_SNAPSHOT_OUTCOME_SAVED, ReportedAt: at(1)},
+		{WorkerId: "w10", Outcome: snapcoordv1.SnapshotOutcome_SNAPSHOT_OUTCOME_IO_ERROR, ReportedAt: at(2)},
+	}
+	for _, r := range reports {
+		snap.Reports = append(snap.Reports, r)
+		b.PutSnapshotReport("r", "snap-1", r)
+	}
+	b.PutSnapshot("r", snap) // a later put of the snapshot must not duplicate them
+	if err := db.Submit(&b).Wait(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if len(snap.Reports) != 2 {
+		t.Fatalf("PutSnapshot changed the caller's reports: %v", snap.Reports)
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	db, err = Open(path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	runs, err := db.Load(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := runs[0].Snapshots[0].Reports
+	if len(got) != 2 || !proto.Equal(got[0], reports[0]) || !proto.Equal(got[1], reports[1]) {
+		t.Fatalf("reports after reload: %v", got)
+	}
+}

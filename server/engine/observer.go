@@ -20,10 +20,10 @@ type Observer interface {
 
 type nopObserver struct{}
 
-func (nopObserver) Decision(v1.StepAction)                                        {}
-func (nopObserver) DeadlineFired(v1.DeadlineFireKind)                             {}
-func (nopObserver) CommandIssued(string)                                          {}
-func (nopObserver) CommandDelivered(string, time.Duration)                        {}
+func (nopObserver) Decision(v1.StepAction)                                           {}
+func (nopObserver) DeadlineFired(v1.DeadlineFireKind)                                {}
+func (nopObserver) CommandIssued(string)                                             {}
+func (nopObserver) CommandDelivered(string, time.Duration)                           {}
 func (nopObserver) SnapshotCompleted(v1.SnapshotReason, v1.SnapshotOutcome, float64) {}
 
 // Stats counts runs by state and workers by role and state, for gauges.

@@ -128,9 +128,10 @@ func (m *mut) snapshotReport(w *workerState, req *v1.ReportSnapshotRequest) erro
 	if r.terminal() {
 		return errorf(ErrFailedPrecondition, "run %q is %s: no new snapshot reports", r.id, stateName(r.state()))
 	}
-	s.Reports = append(s.Reports, &v1.SnapshotReport{WorkerId: w.w.WorkerId, Outcome: req.Outcome,
-		DurationSeconds: req.DurationSeconds, Message: req.Message, ReportedAt: m.ts()})
-	m.putSnapshot(s)
+	rep := &v1.SnapshotReport{WorkerId: w.w.WorkerId, Outcome: req.Outcome,
+		DurationSeconds: req.DurationSeconds, Message: req.Message, ReportedAt: m.ts()}
+	s.Reports = append(s.Reports, rep)
+	m.b.PutSnapshotReport(r.id, s.SnapshotId, rep)
 	if s.CompletedAt == nil {
 		m.checkSnapshotDone(s)
 	}
@@ -206,6 +207,7 @@ func (m *mut) completeSnapshot(s *v1.Snapshot, outcome v1.SnapshotOutcome, why s
 	s.Message = why
 	s.DurationSeconds = m.now.Sub(s.IssuedAt.AsTime()).Seconds()
 	if n := len(s.Reports); n > 0 && outcome != v1.SnapshotOutcome_SNAPSHOT_OUTCOME_TIMEOUT {
+		// Issue -> last report; reports are kept in the order they came.
 		s.DurationSeconds = s.Reports[n-1].ReportedAt.AsTime().Sub(s.IssuedAt.AsTime()).Seconds()
 	}
 	m.putSnapshot(s)

@@ -63,6 +63,12 @@ func (c *cursor) next(after int64) ([]*v1.Command, <-chan struct{}, v1.RunState,
 	return c.r.pending(after, c.role), changed, c.r.state(), nil
 }
 
+func (c *cursor) lastSeq() int64 {
+	c.r.mu.Lock()
+	defer c.r.mu.Unlock()
+	return c.r.rec.LastCommandSeq
+}
+
 func (c *cursor) delivered(cmds []*v1.Command) {
 	now := c.e.clk.Now()
 	for _, cmd := range cmds {
@@ -127,7 +133,10 @@ func (e *Engine) pollCommands(ctx context.Context, req *v1.PollCommandsRequest) 
 		if err != nil {
 			return nil, err
 		}
-		if len(cmds) > 0 || wait <= 0 || isTerminal(state) || waitCtx.Err() != nil {
+		// A terminal run ends the wait only once its final commands (the
+		// Stop) are durable, so the caller never sees the state before them.
+		over := isTerminal(state) && c.r.durableCmd.Load() >= c.lastSeq()
+		if len(cmds) > 0 || wait <= 0 || over || waitCtx.Err() != nil {
 			c.delivered(cmds)
 			return &v1.PollCommandsResponse{Commands: cmds, RunState: state}, nil
 		}

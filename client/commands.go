@@ -1,0 +1,178 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"io"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+)
+
+// errStreamEnded: the server closed a command stream without a Stop (it
+// only does that on purpose after a Stop), so it is treated as a disconnect.
+var errStreamEnded = status.Error(codes.Unavailable, "command stream ended without a Stop")
+
+// errNoStop: a poll found the run terminal and no command after the last
+// delivered one.
+var errNoStop = errors.New("the run is over but no Stop was delivered")
+
+// receive runs follow and closes Commands when it returns.
+func (w *Worker) receive(ctx context.Context) {
+	err := w.follow(ctx)
+	w.mu.Lock()
+	w.err = err
+	w.mu.Unlock()
+	close(w.cmds)
+}
+
+// follow delivers commands until a Stop, until ctx ends (nil), or until an
+// error that retrying cannot fix. Failed fetches are retried with the
+// client's backoff; a fetch that delivered something resets it.
+func (w *Worker) follow(ctx context.Context) error {
+	var failures uint
+	for {
+		stopped, progressed, err := w.fetch(ctx)
+		switch {
+		case stopped, ctx.Err() != nil:
+			return nil
+		case progressed:
+			failures = 0
+		}
+		if err == nil {
+			continue
+		}
+		if err := w.recover(ctx, err); err != nil {
+			return err
+		}
+		failures++
+		if !sleep(ctx, w.c.retry.backoff(failures)) {
+			return nil
+		}
+	}
+}
+
+func (w *Worker) fetch(ctx context.Context) (stopped, progressed bool, err error) {
+	if w.Polling() {
+		return w.poll(ctx)
+	}
+	return w.stream(ctx)
+}
+
+// recover says what a failed fetch means: nil to try again after a
+// backoff, or the error that ends the worker.
+func (w *Worker) recover(ctx context.Context, err error) error {
+	if errors.Is(err, errNoStop) {
+		if w.emptyTerminalPolls++; w.emptyTerminalPolls >= 3 {
+			return ErrRunEnded
+		}
+		return nil
+	}
+	code := status.Code(err)
+	switch code {
+	case codes.Unavailable, codes.Canceled, codes.DeadlineExceeded, codes.ResourceExhausted, codes.Aborted:
+		return nil // the coordinator restarts, drains or is busy: resume
+	case codes.FailedPrecondition:
+		// The stream belonged to an earlier incarnation: the heartbeat loop
+		// (or a restarted process with this name) registered again. The
+		// next stream opens for the current one.
+		return nil
+	case codes.NotFound:
+		// The coordinator does not know the worker (its state was reset).
+		// If the run itself is gone, registering fails for good.
+		if rerr := w.reregister(ctx, "the coordinator does not know this worker"); status.Code(rerr) == codes.NotFound {
+			return rerr
+		}
+		return nil
+	case codes.Unauthenticated, codes.PermissionDenied, codes.InvalidArgument:
+		return err
+	}
+	// Unimplemented, Internal, Unknown: typically a proxy in the way that
+	// does not pass server streams. Long polls are plain unary calls, and as
+	// prompt: the coordinator answers one as soon as a command is issued.
+	if w.Polling() {
+		if code == codes.Unimplemented {
+			return err
+		}
+		return nil
+	}
+	w.log.Warn("command stream failed; falling back to polling", "err", err)
+	w.mu.Lock()
+	w.polling = true
+	w.mu.Unlock()
+	return nil
+}
+
+func (w *Worker) stream(ctx context.Context) (stopped, progressed bool, err error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	s, err := w.c.Workers.StreamCommands(ctx, &v1.StreamCommandsRequest{RunId: w.cfg.RunID, WorkerId: w.ID(), AfterSeq: w.LastSeq()})
+	if err != nil {
+		return false, false, err
+	}
+	for {
+		resp, err := s.Recv()
+		if errors.Is(err, io.EOF) {
+			return false, progressed, errStreamEnded
+		}
+		if err != nil {
+			return false, progressed, err
+		}
+		progressed = true
+		if stopped, err := w.deliver(ctx, resp.GetCommand()); stopped || err != nil {
+			return stopped, progressed, err
+		}
+	}
+}
+
+func (w *Worker) poll(ctx context.Context) (stopped, progressed bool, err error) {
+	resp, err := w.c.Workers.PollCommands(ctx, &v1.PollCommandsRequest{
+		RunId: w.cfg.RunID, WorkerId: w.ID(), AfterSeq: w.LastSeq(), WaitSeconds: int32(w.cfg.PollWait.Seconds()),
+	}, noRetry)
+	if err != nil {
+		return false, false, err
+	}
+	w.mu.Lock()
+	w.runState = resp.GetRunState()
+	w.mu.Unlock()
+	for _, cmd := range resp.GetCommands() {
+		if stopped, err := w.deliver(ctx, cmd); stopped || err != nil {
+			return stopped, true, err
+		}
+	}
+	if len(resp.GetCommands()) == 0 && terminal(resp.GetRunState()) {
+		// Polls of a terminal run return at once, so this must not spin.
+		// The run's state can be answered a moment before its Stop is
+		// durable and delivered, so only repeated empty answers mean the
+		// Stop lies before this worker's first seq.
+		return false, false, errNoStop
+	}
+	return false, true, nil
+}
+
+// deliver hands one command to the consumer and advances the resume point.
+func (w *Worker) deliver(ctx context.Context, cmd *v1.Command) (stopped bool, err error) {
+	if cmd.GetSeq() <= w.LastSeq() {
+		return false, nil // already delivered before a reconnect
+	}
+	select {
+	case w.cmds <- cmd:
+	case <-ctx.Done():
+		return false, ctx.Err()
+	}
+	w.mu.Lock()
+	w.lastSeq = cmd.GetSeq()
+	w.mu.Unlock()
+	return cmd.GetStop() != nil, nil
+}
+
+func terminal(s v1.RunState) bool {
+	switch s {
+	case v1.RunState_RUN_STATE_STOPPED, v1.RunState_RUN_STATE_COMPLETED,
+		v1.RunState_RUN_STATE_FAILED, v1.RunState_RUN_STATE_CANCELLED:
+		return true
+	}
+	return false
+}

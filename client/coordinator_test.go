@@ -1,0 +1,306 @@
+package client_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+	"github.com/snapcoord/snapcoord/client"
+	"github.com/snapcoord/snapcoord/server/auth"
+	"github.com/snapcoord/snapcoord/server/engine"
+	"github.com/snapcoord/snapcoord/server/grpcserver"
+	"github.com/snapcoord/snapcoord/store"
+)
+
+// The worker helper runs goroutines; after Close none may be left.
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// coordinator is a real snapcoord server in this process: bbolt in a temp
+// dir, the engine, the gRPC server on a loopback port that stays the same
+// across restarts, plus a gate that tests use to count, fail or record calls.
+type coordinator struct {
+	t    *testing.T
+	dir  string
+	addr string
+	opts engine.Options
+	cfg  grpcserver.Config
+	gate *gate
+
+	mu   sync.Mutex
+	stop func() // shuts down the running instance; nil when stopped
+}
+
+// adminToken opens RunService on test coordinators.
+const adminToken = "admin-token"
+
+// coordinatorOptions are short enough for leases to lapse within a test.
+var coordinatorOptions = engine.Options{
+	HeartbeatInterval: 100 * time.Millisecond,
+	LeaseTTL:          500 * time.Millisecond,
+	MaxPollWait:       2 * time.Second,
+}
+
+func startCoordinator(t *testing.T) *coordinator {
+	t.Helper()
+	return startCoordinatorWith(t, grpcserver.Config{})
+}
+
+func startCoordinatorWith(t *testing.T, cfg grpcserver.Config) *coordinator {
+	t.Helper()
+	g := newGate()
+	cfg.UnaryInterceptors = append([]grpc.UnaryServerInterceptor{g.unary}, cfg.UnaryInterceptors...)
+	cfg.StreamInterceptors = append([]grpc.StreamServerInterceptor{g.stream}, cfg.StreamInterceptors...)
+	c := &coordinator{t: t, dir: t.TempDir(), opts: coordinatorOptions, cfg: cfg, gate: g}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("listen: %v", err)
+	}
+	c.addr = lis.Addr().String()
+	c.serve(lis)
+	t.Cleanup(c.shutdown)
+	return c
+}
+
+// serve starts an instance on lis over the data directory.
+func (c *coordinator) serve(lis net.Listener) {
+	t := c.t
+	logger := slog.New(slog.DiscardHandler)
+	db, err := store.Open(filepath.Join(c.dir, "snapcoord.db"), store.Options{})
+	if err != nil {
+		t.Fatalf("store.Open: %v", err)
+	}
+	opts := c.opts
+	opts.Logger = logger
+	eng, err := engine.New(context.Background(), db, opts)
+	if err != nil {
+		t.Fatalf("engine.New: %v", err)
+	}
+	authn, err := auth.New(auth.Options{AdminTokens: []string{adminToken}, Runs: eng})
+	if err != nil {
+		t.Fatalf("auth.New: %v", err)
+	}
+	cfg := c.cfg
+	cfg.UnaryInterceptors = append(append([]grpc.UnaryServerInterceptor{}, cfg.UnaryInterceptors...), authn.UnaryServerInterceptor())
+	cfg.StreamInterceptors = append(append([]grpc.StreamServerInterceptor{}, cfg.StreamInterceptors...), authn.StreamServerInterceptor())
+	srv, err := grpcserver.New(cfg, eng, logger)
+	if err != nil {
+		t.Fatalf("grpcserver.New: %v", err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(lis) }()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.stop = func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := srv.Shutdown(ctx); err != nil {
+			t.Errorf("Shutdown: %v", err)
+		}
+		if err := <-served; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+		eng.Close()
+		if err := db.Close(); err != nil {
+			t.Errorf("store Close: %v", err)
+		}
+	}
+}
+
+func (c *coordinator) shutdown() {
+	c.mu.Lock()
+	stop := c.stop
+	c.stop = nil
+	c.mu.Unlock()
+	if stop != nil {
+		stop()
+	}
+}
+
+// restart stops the coordinator and starts it again on the same data
+// directory and address, as a restarted process would.
+func (c *coordinator) restart() {
+	c.shutdown()
+	lis, err := net.Listen("tcp", c.addr)
+	if err != nil {
+		c.t.Fatalf("listen again on %s: %v", c.addr, err)
+	}
+	c.serve(lis)
+}
+
+// dial returns a client with the admin token and the run token (may be
+// empty), closed at cleanup.
+func (c *coordinator) dial(runToken string, opts ...client.Option) *client.Client {
+	c.t.Helper()
+	opts = append([]client.Option{client.WithInsecure(), client.WithRunToken(runToken), client.WithToken(adminToken)}, opts...)
+	cl, err := client.Dial(c.addr, opts...)
+	if err != nil {
+		c.t.Fatalf("Dial: %v", err)
+	}
+	c.t.Cleanup(func() { _ = cl.Close() })
+	return cl
+}
+
+// gate sits in front of the coordinator's handlers.
+type gate struct {
+	mu            sync.Mutex
+	calls         map[string]int    // by method name ("GetRun")
+	auth          map[string]string // the last authorization header, by method name
+	failNext      map[string]int    // calls still to fail with UNAVAILABLE, by method name
+	rejectStreams bool              // StreamCommands answers UNIMPLEMENTED
+	streamed      chan struct{}     // closed at the first StreamCommands
+	partitioned   bool              // Heartbeat and RegisterWorker answer UNAVAILABLE
+}
+
+func newGate() *gate {
+	return &gate{calls: map[string]int{}, auth: map[string]string{}, failNext: map[string]int{}, streamed: make(chan struct{})}
+}
+
+func (g *gate) admit(ctx context.Context, fullMethod string) error {
+	name := fullMethod[strings.LastIndex(fullMethod, "/")+1:]
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.calls[name]++
+	if name == "StreamCommands" && g.calls[name] == 1 {
+		close(g.streamed)
+	}
+	if md, ok := metadata.FromIncomingContext(ctx); ok {
+		g.auth[name] = strings.Join(md.Get("authorization"), ",")
+	}
+	switch {
+	case g.failNext[name] > 0:
+		g.failNext[name]--
+		return status.Error(codes.Unavailable, "gate: injected failure")
+	case g.rejectStreams && name == "StreamCommands":
+		return status.Error(codes.Unimplemented, "gate: no streaming here")
+	case g.partitioned && (name == "Heartbeat" || name == "RegisterWorker"):
+		return status.Error(codes.Unavailable, "gate: partitioned")
+	}
+	return nil
+}
+
+func (g *gate) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	if err := g.admit(ctx, info.FullMethod); err != nil {
+		return nil, err
+	}
+	return handler(ctx, req)
+}
+
+func (g *gate) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	if err := g.admit(ss.Context(), info.FullMethod); err != nil {
+		return err
+	}
+	return handler(srv, ss)
+}
+
+func (g *gate) count(name string) int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.calls[name]
+}
+
+func (g *gate) lastAuth(name string) string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.auth[name]
+}
+
+func (g *gate) set(f func(g *gate)) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	f(g)
+}
+
+// turnSpec: environment snapshots on, a deadline an hour away, so nothing
+// fires unless a test fires it.
+func turnSpec(worldSize int32) *v1.RunSpec {
+	return &v1.RunSpec{
+		TrainerWorldSize: worldSize,
+		Checkpointing:    &v1.CheckpointingSpec{CheckpointMustSaveBy: "00:01:00:00"},
+		RolloutRecovery:  &v1.RolloutRecoverySpec{TargetLevel: v1.TargetLevel_TARGET_LEVEL_TURN},
+	}
+}
+
+// createRun creates a run and returns a client holding its token.
+func (c *coordinator) createRun(id string, spec *v1.RunSpec) *client.Client {
+	c.t.Helper()
+	admin := c.dial("")
+	resp, err := admin.Runs.CreateRun(c.t.Context(), &v1.CreateRunRequest{RunId: id, Spec: spec})
+	if err != nil {
+		c.t.Fatalf("CreateRun: %v", err)
+	}
+	return c.dial(resp.GetRunToken())
+}
+
+// awaitEvent follows the run's events until one satisfies match.
+func awaitEvent(t *testing.T, admin *client.Client, runID, what string, match func(*v1.RunEvent) bool) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 15*time.Second)
+	defer cancel()
+	found := errors.New("found")
+	err := admin.WatchEvents(ctx, runID, 0, true, func(ev *v1.RunEvent) error {
+		if match(ev) {
+			return found
+		}
+		return nil
+	})
+	if !errors.Is(err, found) {
+		t.Fatalf("no event: %s (%v)", what, err)
+	}
+}
+
+// nextCommand receives one command or fails the test.
+func nextCommand(t *testing.T, w *client.Worker) *v1.Command {
+	t.Helper()
+	select {
+	case cmd, ok := <-w.Commands():
+		if !ok {
+			t.Fatalf("commands closed early: %v", w.Err())
+		}
+		return cmd
+	case <-time.After(15 * time.Second):
+		t.Fatal("no command within 15 s")
+	}
+	return nil
+}
+
+func workerState(t *testing.T, admin *client.Client, runID, workerID string) *v1.Worker {
+	t.Helper()
+	resp, err := admin.Runs.ListWorkers(t.Context(), &v1.ListWorkersRequest{RunId: runID})
+	if err != nil {
+		t.Fatalf("ListWorkers: %v", err)
+	}
+	for _, w := range resp.GetWorkers() {
+		if w.GetWorkerId() == workerID {
+			return w
+		}
+	}
+	t.Fatalf("worker %s not listed", workerID)
+	return nil
+}
+
+// testLogger shows the worker helper's log with the test's output.
+func testLogger(t *testing.T) *slog.Logger {
+	return slog.New(slog.NewTextHandler(t.Output(), nil))
+}
+
+func closeWorker(t *testing.T, w interface{ Close(context.Context) error }) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := w.Close(ctx); err != nil {
+		t.Errorf("Close: %v", err)
+	}
+}

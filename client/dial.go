@@ -1,0 +1,202 @@
+package client
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
+
+	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+)
+
+// Client is one connection to a coordinator with typed stubs for both
+// services. The stubs carry the bearer tokens and the retry policy given to
+// Dial; they are safe for concurrent use.
+type Client struct {
+	conn *grpc.ClientConn
+	// Runs is RunService (operators and launchers): it sends the token of
+	// WithToken.
+	Runs v1.RunServiceClient
+	// Workers is WorkerService (trainer ranks, environment workers): it
+	// sends the run token of WithRunToken.
+	Workers v1.WorkerServiceClient
+	retry   RetryPolicy
+}
+
+// TLS names the files of a TLS or mutual-TLS connection.
+type TLS struct {
+	// CAFile is a PEM bundle of the CAs that may sign the server's
+	// certificate. Empty: the system roots.
+	CAFile string
+	// CertFile and KeyFile are the client's certificate and key, for
+	// mutual TLS (the server's --client-ca). Both or neither.
+	CertFile, KeyFile string
+	// ServerName is the name checked in the server's certificate, when it
+	// is not the host part of the address (e.g. dialing an IP).
+	ServerName string
+}
+
+// Option configures Dial.
+type Option func(*dialConfig)
+
+type dialConfig struct {
+	adminToken, runToken string
+	tls                  TLS
+	insecure             bool
+	retry                RetryPolicy
+	extra                []grpc.DialOption
+}
+
+// WithToken sets the admin token sent with RunService calls. Servers with
+// no admin token configured accept RunService calls without one.
+func WithToken(token string) Option { return func(c *dialConfig) { c.adminToken = token } }
+
+// WithRunToken sets the run token (from CreateRun) sent with WorkerService
+// calls.
+func WithRunToken(token string) Option { return func(c *dialConfig) { c.runToken = token } }
+
+// WithTLS sets the CA, client certificate and server name. Without WithTLS
+// the connection uses TLS with the system roots.
+func WithTLS(t TLS) Option { return func(c *dialConfig) { c.tls = t } }
+
+// WithInsecure dials in plaintext. Only for a coordinator on loopback or a
+// trusted network: tokens then travel in the clear.
+func WithInsecure() Option { return func(c *dialConfig) { c.insecure = true } }
+
+// WithRetry replaces DefaultRetryPolicy. Zero Base or Max take the
+// default's; MaxAttempts 0 or 1 disables retries (the worker helper still
+// resumes its streams and polls, with Base and Max as its backoff).
+func WithRetry(p RetryPolicy) Option {
+	return func(c *dialConfig) {
+		if p.Base <= 0 {
+			p.Base = DefaultRetryPolicy.Base
+		}
+		if p.Max <= 0 {
+			p.Max = DefaultRetryPolicy.Max
+		}
+		p.MaxAttempts = max(p.MaxAttempts, 1)
+		c.retry = p
+	}
+}
+
+// WithDialOptions adds grpc dial options (a stats handler for OpenTelemetry,
+// a custom dialer), applied after the client's own.
+func WithDialOptions(opts ...grpc.DialOption) Option {
+	return func(c *dialConfig) { c.extra = append(c.extra, opts...) }
+}
+
+// Dial connects to the coordinator at addr ("host:port"). The connection is
+// made lazily: Dial fails only on bad options, not on an unreachable server.
+func Dial(addr string, opts ...Option) (*Client, error) {
+	cfg := dialConfig{retry: DefaultRetryPolicy}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	for _, tok := range []string{cfg.adminToken, cfg.runToken} {
+		if err := checkToken(tok); err != nil {
+			return nil, err
+		}
+	}
+	creds, err := transportCredentials(cfg)
+	if err != nil {
+		return nil, err
+	}
+	auth := bearer{admin: cfg.adminToken, run: cfg.runToken}
+	dialOpts := []grpc.DialOption{
+		grpc.WithTransportCredentials(creds),
+		grpc.WithChainUnaryInterceptor(auth.unary, cfg.retry.unaryInterceptor()),
+		grpc.WithChainStreamInterceptor(auth.stream),
+		// Reconnect quickly after a coordinator restart; the jitter spreads a
+		// whole job's workers out. gRPC's default waits up to two minutes.
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 5 * time.Second},
+			MinConnectTimeout: 5 * time.Second,
+		}),
+		// Notice a dead coordinator under an idle command stream. 30 s is
+		// above the server's minimum ping interval (10 s).
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 30 * time.Second, Timeout: 10 * time.Second, PermitWithoutStream: true}),
+	}
+	conn, err := grpc.NewClient(addr, append(dialOpts, cfg.extra...)...)
+	if err != nil {
+		return nil, fmt.Errorf("client: dial %s: %w", addr, err)
+	}
+	return &Client{
+		conn: conn, retry: cfg.retry,
+		Runs:    v1.NewRunServiceClient(conn),
+		Workers: v1.NewWorkerServiceClient(conn),
+	}, nil
+}
+
+// Close closes the connection.
+func (c *Client) Close() error { return c.conn.Close() }
+
+// Conn is the underlying connection, e.g. for a health client.
+func (c *Client) Conn() *grpc.ClientConn { return c.conn }
+
+// checkToken rejects what cannot travel as a metadata value; a token read
+// from a file with a stray newline would otherwise fail every call obscurely.
+func checkToken(tok string) error {
+	for _, r := range tok {
+		if r <= ' ' || r > '~' {
+			return errors.New("client: a token must be printable ASCII without spaces")
+		}
+	}
+	return nil
+}
+
+// ReadTokenFile returns the token in path, without surrounding whitespace.
+func ReadTokenFile(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("client: read token file: %w", err)
+	}
+	return strings.TrimSpace(string(b)), nil
+}
+
+func transportCredentials(cfg dialConfig) (credentials.TransportCredentials, error) {
+	if cfg.insecure {
+		if cfg.tls != (TLS{}) {
+			return nil, errors.New("client: TLS options and insecure plaintext are exclusive")
+		}
+		return insecure.NewCredentials(), nil
+	}
+	tc, err := tlsConfig(cfg.tls)
+	if err != nil {
+		return nil, err
+	}
+	return credentials.NewTLS(tc), nil
+}
+
+func tlsConfig(t TLS) (*tls.Config, error) {
+	tc := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: t.ServerName}
+	if t.CAFile != "" {
+		pem, err := os.ReadFile(t.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("client: read CA file: %w", err)
+		}
+		tc.RootCAs = x509.NewCertPool()
+		if !tc.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("client: CA file %s holds no PEM certificate", t.CAFile)
+		}
+	}
+	if (t.CertFile == "") != (t.KeyFile == "") {
+		return nil, errors.New("client: a client certificate needs both the certificate and the key file")
+	}
+	if t.CertFile != "" {
+		cert, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("client: load client certificate: %w", err)
+		}
+		tc.Certificates = []tls.Certificate{cert}
+	}
+	return tc, nil
+}

@@ -1,0 +1,216 @@
+package client_test
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"math/big"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/status"
+
+	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+	"github.com/snapcoord/snapcoord/client"
+	"github.com/snapcoord/snapcoord/server/grpcserver"
+)
+
+var fastRetry = client.WithRetry(client.RetryPolicy{MaxAttempts: 3, Base: time.Millisecond, Max: 5 * time.Millisecond})
+
+func TestRetriesOnlyIdempotentCalls(t *testing.T) {
+	co := startCoordinator(t)
+	co.createRun("r1", turnSpec(1))
+	admin := co.dial("", fastRetry)
+	ctx := t.Context()
+
+	co.gate.set(func(g *gate) { g.failNext["GetRun"] = 2 })
+	if _, err := admin.Runs.GetRun(ctx, &v1.GetRunRequest{RunId: "r1"}); err != nil {
+		t.Errorf("GetRun after 2 injected failures: %v, want success on the third attempt", err)
+	}
+	if n := co.gate.count("GetRun"); n != 3 {
+		t.Errorf("GetRun attempts = %d, want 3", n)
+	}
+
+	co.gate.set(func(g *gate) { g.failNext["ListRuns"] = 3 })
+	if _, err := admin.Runs.ListRuns(ctx, &v1.ListRunsRequest{}); status.Code(err) != codes.Unavailable {
+		t.Errorf("ListRuns failing 3 times: %v, want UNAVAILABLE after MaxAttempts", err)
+	}
+
+	// Not safe to repeat: one attempt, and the caller sees the error.
+	co.gate.set(func(g *gate) { g.failNext["CreateRun"], g.failNext["TriggerDeadline"] = 1, 1 })
+	if _, err := admin.Runs.CreateRun(ctx, &v1.CreateRunRequest{RunId: "r2", Spec: turnSpec(1)}); status.Code(err) != codes.Unavailable {
+		t.Errorf("CreateRun = %v, want the UNAVAILABLE unretried", err)
+	}
+	if _, err := admin.Runs.TriggerDeadline(ctx, &v1.TriggerDeadlineRequest{RunId: "r1"}); status.Code(err) != codes.Unavailable {
+		t.Errorf("TriggerDeadline = %v, want the UNAVAILABLE unretried", err)
+	}
+	if c, tr := co.gate.count("CreateRun"), co.gate.count("TriggerDeadline"); c != 2 || tr != 1 {
+		// createRun above made the first CreateRun call.
+		t.Errorf("CreateRun calls = %d, TriggerDeadline calls = %d; want 2 and 1", c, tr)
+	}
+
+	// Other codes are answers, not outages.
+	if _, err := admin.Runs.GetRun(ctx, &v1.GetRunRequest{RunId: "nope"}); status.Code(err) != codes.NotFound {
+		t.Errorf("GetRun(nope) = %v, want NOT_FOUND", err)
+	}
+	if n := co.gate.count("GetRun"); n != 4 {
+		t.Errorf("GetRun attempts = %d, want 4 (NOT_FOUND is not retried)", n)
+	}
+}
+
+func TestBearerTokensPerService(t *testing.T) {
+	co := startCoordinator(t)
+	admin := co.dial("")
+	resp, err := admin.Runs.CreateRun(t.Context(), &v1.CreateRunRequest{RunId: "r1", Spec: turnSpec(1)})
+	if err != nil {
+		t.Fatalf("CreateRun: %v", err)
+	}
+	w := startEnvWorker(t, co.dial(resp.GetRunToken()), "r1", false)
+	select {
+	case <-co.gate.streamed:
+	case <-time.After(15 * time.Second):
+		t.Fatal("the worker opened no command stream")
+	}
+	closeWorker(t, w)
+
+	for method, want := range map[string]string{
+		"CreateRun":        "Bearer " + adminToken,
+		"RegisterWorker":   "Bearer " + resp.GetRunToken(),
+		"StreamCommands":   "Bearer " + resp.GetRunToken(),
+		"DeregisterWorker": "Bearer " + resp.GetRunToken(),
+	} {
+		if got := co.gate.lastAuth(method); got != want {
+			t.Errorf("%s authorization = %q, want %q", method, got, want)
+		}
+	}
+}
+
+func TestDialRejectsBadOptions(t *testing.T) {
+	for name, opts := range map[string][]client.Option{
+		"token with a newline":   {client.WithInsecure(), client.WithToken("abc\n")},
+		"TLS and insecure":       {client.WithInsecure(), client.WithTLS(client.TLS{ServerName: "x"})},
+		"certificate and no key": {client.WithTLS(client.TLS{CertFile: "c.pem"})},
+		"missing CA file":        {client.WithTLS(client.TLS{CAFile: filepath.Join(t.TempDir(), "none.pem")})},
+	} {
+		if c, err := client.Dial("127.0.0.1:1", opts...); err == nil {
+			_ = c.Close()
+			t.Errorf("%s: Dial succeeded, want an error", name)
+		}
+	}
+}
+
+// A coordinator with mutual TLS and a certificate for "snapcoord.test" only.
+func TestDialMutualTLS(t *testing.T) {
+	pki := newPKI(t)
+	serverTLS := &tls.Config{
+		Certificates: []tls.Certificate{pki.server}, ClientCAs: pki.pool,
+		ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS12,
+	}
+	co := startCoordinatorWith(t, grpcserver.Config{ServerOptions: []grpc.ServerOption{grpc.Creds(credentials.NewTLS(serverTLS))}})
+	noRetry := client.WithRetry(client.RetryPolicy{MaxAttempts: 1})
+	good := client.TLS{CAFile: pki.caFile, CertFile: pki.certFile, KeyFile: pki.keyFile, ServerName: "snapcoord.test"}
+
+	for _, tc := range []struct {
+		name string
+		tls  client.TLS
+		ok   bool
+	}{
+		{"CA, client certificate, server name", good, true},
+		{"no client certificate", client.TLS{CAFile: pki.caFile, ServerName: "snapcoord.test"}, false},
+		{"system roots", client.TLS{CertFile: pki.certFile, KeyFile: pki.keyFile, ServerName: "snapcoord.test"}, false},
+		{"address does not match the certificate", client.TLS{CAFile: pki.caFile, CertFile: pki.certFile, KeyFile: pki.keyFile}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cl, err := client.Dial(co.addr, client.WithTLS(tc.tls), client.WithToken(adminToken), noRetry)
+			if err != nil {
+				t.Fatalf("Dial: %v", err)
+			}
+			defer cl.Close()
+			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+			defer cancel()
+			_, err = cl.Runs.ListRuns(ctx, &v1.ListRunsRequest{})
+			if tc.ok && err != nil {
+				t.Errorf("ListRuns: %v", err)
+			}
+			if !tc.ok && err == nil {
+				t.Error("ListRuns succeeded, want a handshake failure")
+			}
+		})
+	}
+}
+
+// pki is a throwaway CA with a server and a client certificate.
+type pki struct {
+	pool                      *x509.CertPool
+	server                    tls.Certificate
+	caFile, certFile, keyFile string
+}
+
+func newPKI(t *testing.T) pki {
+	t.Helper()
+	dir := t.TempDir()
+	caKey, caCert := newCert(t, "test CA", nil, nil, func(c *x509.Certificate) {
+		c.IsCA, c.BasicConstraintsValid, c.KeyUsage = true, true, x509.KeyUsageCertSign
+	})
+	srvKey, srvCert := newCert(t, "snapcoord.test", caCert, caKey, func(c *x509.Certificate) {
+		c.DNSNames, c.ExtKeyUsage = []string{"snapcoord.test"}, []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
+	})
+	cliKey, cliCert := newCert(t, "trainer", caCert, caKey, func(c *x509.Certificate) {
+		c.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
+	})
+	p := pki{pool: x509.NewCertPool(), caFile: filepath.Join(dir, "ca.pem"),
+		certFile: filepath.Join(dir, "client.pem"), keyFile: filepath.Join(dir, "client-key.pem")}
+	p.pool.AddCert(caCert)
+	p.server = tls.Certificate{Certificate: [][]byte{srvCert.Raw}, PrivateKey: srvKey}
+	writePEM(t, p.caFile, "CERTIFICATE", caCert.Raw)
+	writePEM(t, p.certFile, "CERTIFICATE", cliCert.Raw)
+	der, err := x509.MarshalECPrivateKey(cliKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writePEM(t, p.keyFile, "EC PRIVATE KEY", der)
+	return p
+}
+
+func newCert(t *testing.T, cn string, parent *x509.Certificate, parentKey *ecdsa.PrivateKey, edit func(*x509.Certificate)) (*ecdsa.PrivateKey, *x509.Certificate) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: cn},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature,
+	}
+	edit(tmpl)
+	if parent == nil {
+		parent, parentKey = tmpl, key
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, parent, &key.PublicKey, parentKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return key, cert
+}
+
+func writePEM(t *testing.T, path, typ string, der []byte) {
+	t.Helper()
+	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}

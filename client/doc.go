@@ -1,0 +1,35 @@
+// Package client is the Go client of snapcoord, the coordinator that makes
+// a training run save its trainer checkpoint and its environment snapshot
+// before the walltime runs out.
+//
+// Dial connects to a coordinator; Client.Runs and Client.Workers are the
+// typed RunService and WorkerService stubs, carrying the admin token
+// (WithToken) and the run token (WithRunToken) as `authorization: Bearer`
+// metadata.
+//
+// Two helpers cover the processes of a run:
+//
+//   - StartTrainer registers a trainer rank. Its CompleteStep is the
+//     step-loop check ("continue, or save now and stop?") and
+//     ReportCheckpoint reports the saved checkpoint.
+//   - StartWorker registers any worker (an environment worker, usually) and
+//     delivers its commands on a channel.
+//
+// Both heartbeat in the background and receive commands by streaming,
+// falling back to long polling when streaming fails; they resume after the
+// last delivered sequence number across disconnects and coordinator
+// restarts, register again when their lease lapsed or the coordinator
+// dropped them, and deregister on Close.
+//
+// # Retries
+//
+// Unary calls that are safe to repeat are retried on UNAVAILABLE with
+// jittered exponential backoff (RetryPolicy; go-grpc-middleware's retry
+// interceptor). Safe to repeat are reads, UpdateDeadline, CancelRun,
+// RegisterWorker, Heartbeat, DeregisterWorker, CompleteStep and every
+// report, because the coordinator deduplicates them. CreateRun is not
+// retried: its run token is returned only once, and a retry after a lost
+// reply would silently lose it. TriggerDeadline is not retried: a retry
+// after a lost reply could report "already fired" for a call that worked.
+// Streams are resumed from their last sequence number instead of re-sent.
+package client

@@ -1,0 +1,70 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+)
+
+// callbackError carries fn's error out of WatchEvents untouched.
+type callbackError struct{ err error }
+
+func (e callbackError) Error() string { return e.err.Error() }
+func (e callbackError) Unwrap() error { return e.err }
+
+// WatchEvents calls fn for each event of the run with seq > afterSeq, in
+// order. Without follow it returns once the events recorded so far were
+// delivered; with follow it goes on until the run is terminal and all its
+// events were delivered. A disconnect or a coordinator restart is resumed
+// after the last delivered seq, with the client's backoff. It returns fn's
+// error as is, or the status that ended the watch.
+func (c *Client) WatchEvents(ctx context.Context, runID string, afterSeq int64, follow bool, fn func(*v1.RunEvent) error) error {
+	var failures uint
+	for {
+		last, err := c.watchOnce(ctx, &v1.WatchRunRequest{RunId: runID, AfterSeq: afterSeq, NoFollow: !follow}, fn)
+		if last > afterSeq {
+			afterSeq, failures = last, 0
+		}
+		var cb callbackError
+		switch {
+		case err == nil:
+			return nil
+		case errors.As(err, &cb):
+			return cb.err
+		case status.Code(err) != codes.Unavailable || ctx.Err() != nil:
+			return fmt.Errorf("client: watch run %s: %w", runID, err)
+		}
+		failures++
+		if failures >= c.retry.MaxAttempts || !sleep(ctx, c.retry.backoff(failures)) {
+			return fmt.Errorf("client: watch run %s: %w", runID, err)
+		}
+	}
+}
+
+func (c *Client) watchOnce(ctx context.Context, req *v1.WatchRunRequest, fn func(*v1.RunEvent) error) (last int64, err error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	s, err := c.Runs.WatchRun(ctx, req)
+	if err != nil {
+		return 0, err
+	}
+	for {
+		resp, err := s.Recv()
+		if errors.Is(err, io.EOF) {
+			return last, nil
+		}
+		if err != nil {
+			return last, err
+		}
+		if err := fn(resp.GetEvent()); err != nil {
+			return last, callbackError{err}
+		}
+		last = resp.GetEvent().GetSeq()
+	}
+}

@@ -1,0 +1,105 @@
+package client
+
+import (
+	"context"
+	"time"
+
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors"
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/retry"
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/selector"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+
+	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+)
+
+// RetryPolicy is how unary calls that are safe to repeat are retried: on
+// UNAVAILABLE only (the coordinator is unreachable, restarting or shutting
+// down), with exponential backoff and jitter, until MaxAttempts or the
+// call's context ends.
+//
+// Not retried: RESOURCE_EXHAUSTED (a limit such as max runs does not lift
+// by itself), DEADLINE_EXCEEDED (the caller's own deadline), and every other
+// code, which a repeat would only answer again.
+type RetryPolicy struct {
+	// MaxAttempts counts the first attempt: 1 disables retries.
+	MaxAttempts uint
+	// Base is the first wait; each further wait doubles, up to Max.
+	Base, Max time.Duration
+	// Jitter spreads each wait by ± this fraction, so the ranks of a job
+	// that lost the coordinator together do not come back together.
+	Jitter float64
+}
+
+// DefaultRetryPolicy waits 0.1, 0.2, 0.4 … 5 s between 10 attempts: about
+// 20 s, enough to ride out a coordinator restart.
+var DefaultRetryPolicy = RetryPolicy{MaxAttempts: 10, Base: 100 * time.Millisecond, Max: 5 * time.Second, Jitter: 0.2}
+
+// backoff is the wait before retry number attempt (from 1).
+func (p RetryPolicy) backoff(attempt uint) time.Duration {
+	return retry.BackoffExponentialWithJitterBounded(p.Base, p.Jitter, p.Max)(context.Background(), attempt)
+}
+
+// retried lists the unary methods the policy applies to, and why each is
+// safe to repeat when its reply was lost.
+var retried = map[string]bool{
+	// Reads.
+	v1.RunService_GetRun_FullMethodName:        true,
+	v1.RunService_ListRuns_FullMethodName:      true,
+	v1.RunService_ListWorkers_FullMethodName:   true,
+	v1.RunService_ListSnapshots_FullMethodName: true,
+	// UpdateDeadline sets an absolute B: repeating it sets the same B.
+	v1.RunService_UpdateDeadline_FullMethodName: true,
+	// CancelRun of a cancelled run returns OK.
+	v1.RunService_CancelRun_FullMethodName: true,
+	// RegisterWorker by a stable name is the same worker again (a new
+	// incarnation, which the caller adopts).
+	v1.WorkerService_RegisterWorker_FullMethodName: true,
+	// A lease renewal.
+	v1.WorkerService_Heartbeat_FullMethodName: true,
+	// Deregistering a departed worker returns OK.
+	v1.WorkerService_DeregisterWorker_FullMethodName: true,
+	// The decision is stored once per (run, step): a repeat gets the same.
+	v1.WorkerService_CompleteStep_FullMethodName: true,
+	// Reports are deduplicated: a recorded report repeated returns OK.
+	v1.WorkerService_ReportCheckpoint_FullMethodName: true,
+	v1.WorkerService_ReportSnapshot_FullMethodName:   true,
+	v1.WorkerService_FinishRun_FullMethodName:        true,
+	// Reads the command log; changes nothing.
+	v1.WorkerService_PollCommands_FullMethodName: true,
+
+	// Deliberately absent:
+	//  - CreateRun: the run token is returned only by the call that created
+	//    the run. A retry after a lost reply would "succeed" with no token,
+	//    turning a transient error into a lost credential; the caller must
+	//    see the error instead.
+	//  - TriggerDeadline: a retry after a lost reply may answer
+	//    FAILED_PRECONDITION ("already fired") for a call that worked.
+	//  - StreamCommands, WatchRun: streams resume from the last sequence
+	//    number they saw (Worker, WatchEvents), which a blind re-send of
+	//    the first request cannot do.
+}
+
+// unaryInterceptor applies the policy to the methods in retried only.
+func (p RetryPolicy) unaryInterceptor() grpc.UnaryClientInterceptor {
+	if p.MaxAttempts <= 1 {
+		return passUnary
+	}
+	r := retry.UnaryClientInterceptor(
+		retry.WithMax(p.MaxAttempts),
+		retry.WithCodes(codes.Unavailable),
+		retry.WithBackoff(retry.BackoffExponentialWithJitterBounded(p.Base, p.Jitter, p.Max)),
+	)
+	return selector.UnaryClientInterceptor(r, selector.MatchFunc(func(_ context.Context, c interceptors.CallMeta) bool {
+		return retried[c.FullMethod()]
+	}))
+}
+
+func passUnary(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	return invoker(ctx, method, req, reply, cc, opts...)
+}
+
+// noRetry is for the worker helper's periodic calls (heartbeats, polls,
+// re-registration): the next tick is their retry, and an interceptor that
+// held one for 20 s would delay everything behind it.
+var noRetry = retry.Disable()

@@ -1,0 +1,276 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+)
+
+// ErrRunEnded is Worker.Err when the run ended without the worker seeing a
+// Stop (it was issued before the worker's first sequence number).
+var ErrRunEnded = errors.New("client: the run ended")
+
+// WorkerConfig describes a worker process to the coordinator.
+type WorkerConfig struct {
+	// RunID is the run to join.
+	RunID string
+	// Role is WORKER_ROLE_TRAINER or WORKER_ROLE_ENVIRONMENT.
+	Role v1.WorkerRole
+	// Name is stable for the process ("rank-3", "host:slot"): registering
+	// again under it is the same worker with a new incarnation.
+	Name string
+	// Rank is the trainer rank; 0 for environment workers.
+	Rank int32
+	// Poll long-polls for commands instead of streaming them. The worker
+	// also switches to polling by itself when streaming fails.
+	Poll bool
+	// PollWait bounds one long poll; the server answers as soon as a
+	// command is issued. Default 30 s.
+	PollWait time.Duration
+	// Replay delivers the commands issued before the worker registered too.
+	// By default delivery starts at the end of the command log at
+	// registration: older commands concern snapshots that did not expect
+	// this worker.
+	Replay bool
+	// Logger receives reconnects, re-registrations and fallbacks. Default:
+	// slog.Default().
+	Logger *slog.Logger
+}
+
+func (c WorkerConfig) withDefaults() WorkerConfig {
+	if c.PollWait <= 0 {
+		c.PollWait = 30 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	c.Logger = c.Logger.With("run_id", c.RunID, "worker", c.Name)
+	return c
+}
+
+// Worker is a registered worker: it heartbeats in the background and
+// delivers the commands for its role on Commands, streaming or polling,
+// resuming after the last delivered sequence number across disconnects and
+// coordinator restarts, and registering again when its lease lapsed or the
+// coordinator dropped it.
+type Worker struct {
+	c    *Client
+	cfg  WorkerConfig
+	log  *slog.Logger
+	cmds chan *v1.Command
+
+	stop      context.CancelFunc
+	done      chan struct{} // closed once both background loops returned
+	closeOnce sync.Once
+	closeErr  error
+
+	emptyTerminalPolls int // owned by the command loop
+
+	mu       sync.Mutex
+	reg      *v1.RegisterWorkerResponse
+	lastAck  time.Time // the last registration or acknowledged heartbeat
+	runState v1.RunState
+	lastSeq  int64
+	polling  bool
+	err      error
+}
+
+// StartWorker registers a worker and starts its heartbeats and command
+// delivery. ctx bounds the registration only; the worker runs until Close
+// or until its commands end (after a Stop).
+func (c *Client) StartWorker(ctx context.Context, cfg WorkerConfig) (*Worker, error) {
+	cfg = cfg.withDefaults()
+	w := &Worker{c: c, cfg: cfg, log: cfg.Logger, cmds: make(chan *v1.Command), done: make(chan struct{}), polling: cfg.Poll}
+	if err := w.register(ctx); err != nil {
+		return nil, fmt.Errorf("client: register %q in run %q: %w", cfg.Name, cfg.RunID, err)
+	}
+	if !cfg.Replay {
+		w.lastSeq = w.reg.GetLastCommandSeq()
+	}
+	loopCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	w.stop = stop
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		w.receive(loopCtx)
+		stop() // a worker whose commands ended has nothing to stay alive for
+	})
+	wg.Go(func() { w.heartbeats(loopCtx) })
+	go func() { wg.Wait(); close(w.done) }()
+	return w, nil
+}
+
+// Commands delivers the commands for the worker's role in sequence order,
+// each once per process. It is closed after a Stop, on Close, or when the
+// worker cannot go on (see Err).
+func (w *Worker) Commands() <-chan *v1.Command { return w.cmds }
+
+// Err is why Commands was closed: nil after a Stop or Close, otherwise the
+// error that retrying could not fix (a bad token, an unknown run, ErrRunEnded).
+func (w *Worker) Err() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.err
+}
+
+// ID is the coordinator's id for the worker.
+func (w *Worker) ID() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.reg.GetWorkerId()
+}
+
+// Incarnation counts the registrations under the worker's name.
+func (w *Worker) Incarnation() int64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.reg.GetIncarnation()
+}
+
+// RunState is the run's state as last heard (registration, heartbeat, poll).
+func (w *Worker) RunState() v1.RunState {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.runState
+}
+
+// LastSeq is the sequence number of the last command delivered, where
+// delivery resumes after a disconnect.
+func (w *Worker) LastSeq() int64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.lastSeq
+}
+
+// Polling reports whether commands are polled (asked for, or fallen back to).
+func (w *Worker) Polling() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.polling
+}
+
+// ReportSnapshot reports how this environment worker's part of a snapshot
+// ended. Safe to repeat: the coordinator keeps the first report.
+func (w *Worker) ReportSnapshot(ctx context.Context, snapshotID string, outcome v1.SnapshotOutcome, took time.Duration, message string) (v1.RunState, error) {
+	resp, err := w.c.Workers.ReportSnapshot(ctx, &v1.ReportSnapshotRequest{
+		RunId: w.cfg.RunID, WorkerId: w.ID(), SnapshotId: snapshotID,
+		Outcome: outcome, DurationSeconds: took.Seconds(), Message: message,
+	})
+	if err != nil {
+		return 0, fmt.Errorf("client: report snapshot %s: %w", snapshotID, err)
+	}
+	return resp.GetRunState(), nil
+}
+
+// Close stops the background work and deregisters the worker, so that no
+// snapshot waits for it. Later calls return the first call's result.
+func (w *Worker) Close(ctx context.Context) error {
+	w.closeOnce.Do(func() {
+		w.stop()
+		select {
+		case <-w.done:
+		case <-ctx.Done():
+		}
+		_, err := w.c.Workers.DeregisterWorker(ctx, &v1.DeregisterWorkerRequest{RunId: w.cfg.RunID, WorkerId: w.ID()})
+		if err != nil {
+			w.closeErr = fmt.Errorf("client: deregister %s: %w", w.ID(), err)
+		}
+	})
+	return w.closeErr
+}
+
+func (w *Worker) register(ctx context.Context, opts ...grpc.CallOption) error {
+	resp, err := w.c.Workers.RegisterWorker(ctx, &v1.RegisterWorkerRequest{
+		RunId: w.cfg.RunID, Role: w.cfg.Role, Name: w.cfg.Name, Rank: w.cfg.Rank,
+	}, opts...)
+	if err != nil {
+		return err
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.reg, w.lastAck, w.runState = resp, time.Now(), resp.GetRunState()
+	return nil
+}
+
+func (w *Worker) reregister(ctx context.Context, why string) error {
+	w.log.Info("registering again", "why", why)
+	if err := w.register(ctx, noRetry); err != nil {
+		w.log.Warn("registering again failed", "err", err)
+		return err
+	}
+	w.log.Info("registered again", "worker_id", w.ID(), "incarnation", w.Incarnation())
+	return nil
+}
+
+// heartbeats renews the lease every heartbeat_interval until ctx ends.
+func (w *Worker) heartbeats(ctx context.Context) {
+	for sleep(ctx, w.interval()) {
+		w.beat(ctx)
+	}
+}
+
+// beat sends one heartbeat, or registers again when the lease must be
+// presumed lost: nothing acknowledged for longer than lease_ttl (a network
+// partition), or the coordinator refused the heartbeat (the worker was
+// deregistered, or the coordinator does not know it).
+func (w *Worker) beat(ctx context.Context) {
+	w.mu.Lock()
+	silent, ttl := time.Since(w.lastAck), durationOf(w.reg.GetLeaseTtl())
+	w.mu.Unlock()
+	if ttl > 0 && silent > ttl {
+		_ = w.reregister(ctx, fmt.Sprintf("no heartbeat acknowledged for %s (lease %s)", silent.Round(time.Millisecond), ttl))
+		return
+	}
+	callCtx, cancel := context.WithTimeout(ctx, w.interval())
+	defer cancel()
+	resp, err := w.c.Workers.Heartbeat(callCtx, &v1.HeartbeatRequest{RunId: w.cfg.RunID, WorkerId: w.ID()}, noRetry)
+	switch status.Code(err) {
+	case codes.OK:
+		w.mu.Lock()
+		w.lastAck, w.runState = time.Now(), resp.GetRunState()
+		w.mu.Unlock()
+	case codes.FailedPrecondition, codes.NotFound:
+		_ = w.reregister(ctx, "heartbeat refused: "+status.Convert(err).Message())
+	default:
+		if ctx.Err() == nil {
+			w.log.Debug("heartbeat failed", "err", err)
+		}
+	}
+}
+
+func (w *Worker) interval() time.Duration {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if d := durationOf(w.reg.GetHeartbeatInterval()); d > 0 {
+		return d
+	}
+	return 5 * time.Second
+}
+
+func durationOf(d *durationpb.Duration) time.Duration {
+	if d == nil {
+		return 0
+	}
+	return d.AsDuration()
+}
+
+// sleep waits d or until ctx ends; it reports whether the wait ran out.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}

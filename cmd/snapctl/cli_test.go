@@ -1,0 +1,176 @@
+package main
+
+import (
+	"encoding/json"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/encoding/protojson"
+
+	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+)
+
+// A time of day in Paris: the tests run snapctl with TZ=Europe/Paris.
+var parisTime = regexp.MustCompile(`\d\d:\d\d:\d\d (CET|CEST)`)
+
+func TestRunCommands(t *testing.T) {
+	s := startServer(t)
+	s.createRun("r1", "--world-size", "2", "--budget", "00:01:00:00", "--target-level", "turn", "--margin", "30")
+
+	out := s.ok("run", "get", "r1")
+	for _, want := range []string{"PENDING", "turn", "M 30 s", "B = "} {
+		if !strings.Contains(out, want) {
+			t.Errorf("run get: %q missing from\n%s", want, out)
+		}
+	}
+	if !parisTime.MatchString(out) {
+		t.Errorf("run get shows no local time with its zone:\n%s", out)
+	}
+	var run v1.Run
+	s.getJSON(&run, "run", "get", "r1")
+	if run.GetRunId() != "r1" || run.GetSpec().GetTrainerWorldSize() != 2 {
+		t.Errorf("run get -o json = %v", &run)
+	}
+	if out := s.ok("run", "list"); !strings.Contains(out, "r1") || !strings.Contains(out, "PENDING") {
+		t.Errorf("run list:\n%s", out)
+	}
+
+	// extend moves B; --add is relative to the current B.
+	b := run.GetDeadline().GetMustSaveBy().AsTime()
+	s.ok("run", "extend", "r1", "--add", "30m")
+	s.getJSON(&run, "run", "get", "r1")
+	if got := run.GetDeadline().GetMustSaveBy().AsTime(); !got.Equal(b.Add(30 * time.Minute)) {
+		t.Errorf("after extend --add 30m, B = %v, want %v", got, b.Add(30*time.Minute))
+	}
+	s.ok("run", "extend", "r1", "--budget", "00:02:00:00")
+	s.getJSON(&run, "run", "get", "r1")
+	if got := run.GetDeadline().GetMustSaveBy().AsTime(); !got.Equal(b.Add(time.Hour)) {
+		t.Errorf("after extend --budget 00:02:00:00, B = %v, want %v", got, b.Add(time.Hour))
+	}
+
+	// Fired before the first step with no environment worker: the deadline
+	// snapshot has nobody to wait for and the run stops.
+	s.ok("run", "trigger", "r1", "--reason", "maintenance")
+	s.getJSON(&run, "run", "get", "r1")
+	if run.GetState() != v1.RunState_RUN_STATE_STOPPED || run.GetFireKind() != v1.DeadlineFireKind_DEADLINE_FIRE_KIND_MANUAL {
+		t.Errorf("after trigger: %v fired %v, want STOPPED by hand", run.GetState(), run.GetFireKind())
+	}
+	if out := s.ok("events", "r1"); !strings.Contains(out, "deadline_fired") || !strings.Contains(out, "maintenance") || !parisTime.MatchString(out) {
+		t.Errorf("events:\n%s", out)
+	}
+	for _, line := range strings.Split(strings.TrimSpace(s.ok("events", "r1", "-o", "json")), "\n") {
+		var ev v1.RunEvent
+		if err := protojson.Unmarshal([]byte(line), &ev); err != nil || ev.GetSeq() == 0 {
+			t.Errorf("events -o json line %q: %v", line, err)
+		}
+	}
+	if out := s.ok("snapshots", "r1"); !strings.Contains(out, "deadline") || !strings.Contains(out, "SKIPPED") {
+		t.Errorf("snapshots:\n%s", out)
+	}
+	var snaps v1.ListSnapshotsResponse
+	s.getJSON(&snaps, "snapshots", "r1")
+	if len(snaps.GetSnapshots()) != 1 || !snaps.GetSnapshots()[0].GetForced() {
+		t.Errorf("snapshots -o json = %v, want one forced snapshot", &snaps)
+	}
+	if out := s.ok("run", "watch", "r1"); !strings.Contains(out, "ended STOPPED") {
+		t.Errorf("run watch of a stopped run:\n%s", out)
+	}
+	if out := s.ok("workers", "r1"); !strings.HasPrefix(out, "ID") {
+		t.Errorf("workers:\n%s", out)
+	}
+
+	s.createRun("r2", "--world-size", "1")
+	s.ok("run", "cancel", "r2", "--reason", "wrong config")
+	s.ok("run", "cancel", "r2") // cancelling a cancelled run is fine
+	if r := s.wantExit(exitRunFailed, "run", "watch", "r2"); !strings.Contains(r.stdout, "ended CANCELLED") {
+		t.Errorf("run watch of a cancelled run:\n%s", r.stdout)
+	}
+	var list v1.ListRunsResponse
+	s.getJSON(&list, "run", "list", "--state", "cancelled")
+	if len(list.GetRuns()) != 1 || list.GetRuns()[0].GetRunId() != "r2" {
+		t.Errorf("run list --state cancelled -o json = %v", &list)
+	}
+}
+
+func TestExitStatuses(t *testing.T) {
+	s := startServer(t)
+	s.createRun("r1", "--world-size", "1", "--budget", "00:01:00:00")
+	for _, tc := range []struct {
+		name string
+		code int
+		env  []string
+		args []string
+	}{
+		{"no command", exitUsage, nil, nil},
+		{"unknown command", exitUsage, nil, []string{"run", "frobnicate", "r1"}},
+		{"unknown flag", exitUsage, nil, []string{"run", "get", "r1", "--bogus"}},
+		{"missing argument", exitUsage, nil, []string{"run", "get"}},
+		{"no world size", exitUsage, nil, []string{"run", "create", "r9"}},
+		{"bad output format", exitUsage, nil, []string{"run", "get", "r1", "-o", "yaml"}},
+		{"extend needs one change", exitUsage, nil, []string{"run", "extend", "r1", "--add", "1m", "--budget", "00:01:00:00"}},
+		{"sidecar without a hook", exitUsage, nil, []string{"sidecar", "--run", "r1"}},
+		{"unknown run", exitNotFound, nil, []string{"run", "get", "nope"}},
+		{"no such step", exitNotFound, nil, []string{"run", "explain", "r1", "--step", "7"}},
+		{"same run again", exitConflict, nil, []string{"run", "create", "r1", "--world-size", "1", "--budget", "00:01:00:00"}},
+		{"same id, other spec", exitConflict, nil, []string{"run", "create", "r1", "--world-size", "2"}},
+		{"coordinator unreachable", exitUnavailable, []string{"SNAPCOORD_ADDR=127.0.0.1:1"}, []string{"run", "get", "r1", "--timeout", "1s"}},
+		{"no admin token", exitAuth, []string{"SNAPCOORD_TOKEN="}, []string{"run", "get", "r1"}},
+		{"wrong admin token", exitAuth, nil, []string{"run", "get", "r1", "--token", "wrong"}},
+		{"bad budget", exitInvalid, nil, []string{"run", "create", "r9", "--world-size", "1", "--budget", "3h"}},
+		{"bad target level", exitInvalid, nil, []string{"run", "create", "r9", "--world-size", "1", "--target-level", "rollout"}},
+		{"bad time", exitInvalid, nil, []string{"run", "create", "r9", "--world-size", "1", "--must-save-by", "tomorrow"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			r := s.snapctlEnv(tc.env, tc.args...)
+			if r.code != tc.code {
+				t.Errorf("snapctl %v: exit %d, want %d\nstderr: %s", tc.args, r.code, tc.code, r.stderr)
+			}
+			if tc.code != 0 && !strings.HasPrefix(r.stderr, "snapctl: ") && len(tc.args) > 0 {
+				t.Errorf("stderr %q: want one line starting with \"snapctl: \"", r.stderr)
+			}
+		})
+	}
+}
+
+func TestHelpListsExitStatuses(t *testing.T) {
+	s := startServer(t)
+	out := s.ok("help")
+	for _, want := range []string{"run create", "sidecar", "Exit status:", "SNAPCOORD_TOKEN_FILE", "10  sidecar"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("help lacks %q", want)
+		}
+	}
+	if out := s.ok("run", "create", "--help"); !strings.Contains(out, "--from-nemo-rl") {
+		t.Errorf("run create --help:\n%s", out)
+	}
+}
+
+// A token file, with the trailing newline editors add.
+func TestTokenFile(t *testing.T) {
+	s := startServer(t)
+	file := writeFile(t, "admin.token", adminToken+"\n")
+	s.createRun("r1", "--world-size", "1")
+	if r := s.snapctlEnv([]string{"SNAPCOORD_TOKEN=", "SNAPCOORD_TOKEN_FILE=" + file}, "run", "get", "r1"); r.code != 0 {
+		t.Errorf("run get with SNAPCOORD_TOKEN_FILE: exit %d: %s", r.code, r.stderr)
+	}
+	if r := s.snapctlEnv([]string{"SNAPCOORD_TOKEN="}, "--token-file", file, "run", "get", "r1"); r.code != 0 {
+		t.Errorf("run get --token-file: exit %d: %s", r.code, r.stderr)
+	}
+}
+
+func TestCreateJSONCarriesToken(t *testing.T) {
+	s := startServer(t)
+	var resp struct {
+		Run struct {
+			RunID string `json:"run_id"`
+		} `json:"run"`
+		RunToken string `json:"run_token"`
+	}
+	out := s.ok("run", "create", "r1", "--world-size", "1", "-o", "json")
+	if err := json.Unmarshal([]byte(out), &resp); err != nil || resp.RunToken == "" || resp.Run.RunID != "r1" {
+		t.Errorf("run create -o json = %q (%v), want the run and its token", out, err)
+	}
+}

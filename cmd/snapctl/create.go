@@ -1,0 +1,170 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+)
+
+// specFlags are run create's flags. Set flags override --from-nemo-rl.
+type specFlags struct {
+	fromNemoRL                     string
+	worldSize                      int
+	budget, mustSaveBy, startedAt  string
+	deferredFinalize               bool
+	snapshotInterval               int
+	snapshotOnCheckpoint           bool
+	maxFailures, snapshotTimeout   int
+	targetLevel                    string
+	window                         int
+	margin, expCheckpoint, expSnap float64
+}
+
+func setupRunCreate(fs *flag.FlagSet, c *cli) func(context.Context, []string) error {
+	c.outputs = []string{"env", "json"}
+	var f specFlags
+	fs.StringVar(&f.fromNemoRL, "from-nemo-rl", "", "read the spec from a NeMo RL YAML config `file` (flags given too win)")
+	fs.IntVar(&f.worldSize, "world-size", 0, "number of trainer ranks (required)")
+	fs.StringVar(&f.budget, "budget", "", "budget `DD:HH:MM:SS` from --started-at")
+	fs.StringVar(&f.mustSaveBy, "must-save-by", "", "absolute deadline B: RFC 3339 `time`, \"slurm\" (SLURM_JOB_END_TIME) or \"slurm-10m\"")
+	fs.StringVar(&f.startedAt, "started-at", "", "when the budget clock starts: RFC 3339 `time` or \"slurm\" (SLURM_JOB_START_TIME); default now")
+	fs.BoolVar(&f.deferredFinalize, "deferred-finalize", false, "checkpoints are published after they are saved (PublishCheckpoint)")
+	fs.IntVar(&f.snapshotInterval, "snapshot-interval", 0, "also snapshot every this many `seconds`")
+	fs.BoolVar(&f.snapshotOnCheckpoint, "snapshot-on-trainer-checkpoint", true, "at turn/prefix level, snapshot after every published checkpoint")
+	fs.IntVar(&f.maxFailures, "max-consecutive-failures", 0, "failed snapshots in a row that fail the run (default 3)")
+	fs.IntVar(&f.snapshotTimeout, "snapshot-timeout", 0, "`seconds` a snapshot may take (default 600)")
+	fs.StringVar(&f.targetLevel, "target-level", "", "rollout recovery `level`: prompt_group, sibling, turn or prefix")
+	fs.IntVar(&f.window, "reserve-window", 0, "R is the longest of the last this many saved snapshots (default 5)")
+	fs.Float64Var(&f.margin, "margin", 0, "safety margin M in `seconds`")
+	fs.Float64Var(&f.expCheckpoint, "expected-checkpoint", 0, "prior for C in `seconds`, until a checkpoint is measured")
+	fs.Float64Var(&f.expSnap, "expected-snapshot", 0, "prior for R in `seconds`, until a snapshot is measured")
+	return func(ctx context.Context, args []string) error {
+		if err := wantArgs(args, "RUN_ID"); err != nil {
+			return err
+		}
+		spec, err := c.buildSpec(f)
+		if err != nil {
+			return err
+		}
+		return c.createRun(ctx, args[0], spec)
+	}
+}
+
+// buildSpec starts from the NeMo RL file, if any, and applies the flags
+// that were given.
+func (c *cli) buildSpec(f specFlags) (*v1.RunSpec, error) {
+	spec := &v1.RunSpec{
+		Checkpointing: &v1.CheckpointingSpec{}, RolloutCheckpointing: &v1.RolloutCheckpointingSpec{},
+		RolloutRecovery: &v1.RolloutRecoverySpec{}, Reserve: &v1.ReserveSpec{},
+	}
+	if f.fromNemoRL != "" {
+		if err := readNemoRL(f.fromNemoRL, spec); err != nil {
+			return nil, err
+		}
+	}
+	if !c.setFlags["world-size"] {
+		return nil, usageErr(errors.New("--world-size is required"))
+	}
+	spec.TrainerWorldSize = int32(f.worldSize)
+	if err := c.applyDeadlineFlags(f, spec); err != nil {
+		return nil, err
+	}
+	return spec, c.applySnapshotFlags(f, spec)
+}
+
+func (c *cli) applyDeadlineFlags(f specFlags, spec *v1.RunSpec) error {
+	ck := spec.Checkpointing
+	if c.setFlags["budget"] && c.setFlags["must-save-by"] {
+		return usageErr(errors.New("give --budget or --must-save-by, not both"))
+	}
+	if c.setFlags["budget"] {
+		ck.CheckpointMustSaveBy, ck.MustSaveBy = f.budget, nil
+	}
+	if c.setFlags["must-save-by"] {
+		b, err := c.parseTime("must-save-by", f.mustSaveBy, slurmEnd)
+		if err != nil {
+			return err
+		}
+		ck.CheckpointMustSaveBy, ck.MustSaveBy = "", b
+	}
+	if c.setFlags["started-at"] {
+		t, err := c.parseTime("started-at", f.startedAt, slurmStart)
+		if err != nil {
+			return err
+		}
+		spec.StartedAt = t
+	}
+	if c.setFlags["deferred-finalize"] {
+		ck.DeferredFinalize = f.deferredFinalize
+	}
+	return nil
+}
+
+func (c *cli) applySnapshotFlags(f specFlags, spec *v1.RunSpec) error {
+	rc, res := spec.RolloutCheckpointing, spec.Reserve
+	set := c.setFlags
+	if set["snapshot-interval"] {
+		rc.SnapshotAttemptIntervalS = proto.Int32(int32(f.snapshotInterval))
+	}
+	if set["snapshot-on-trainer-checkpoint"] {
+		rc.SnapshotOnTrainerCheckpoint = proto.Bool(f.snapshotOnCheckpoint)
+	}
+	if set["max-consecutive-failures"] {
+		rc.MaxConsecutiveFailures = int32(f.maxFailures)
+	}
+	if set["snapshot-timeout"] {
+		rc.SnapshotTimeoutS = int32(f.snapshotTimeout)
+	}
+	if set["target-level"] {
+		tl, err := parseTargetLevel(f.targetLevel)
+		if err != nil {
+			return inputErr("--target-level: %w", err)
+		}
+		spec.RolloutRecovery.TargetLevel = tl
+	}
+	if set["reserve-window"] {
+		res.Window = int32(f.window)
+	}
+	if set["margin"] {
+		res.MarginSeconds = f.margin
+	}
+	if set["expected-checkpoint"] {
+		res.ExpectedCheckpointSeconds = proto.Float64(f.expCheckpoint)
+	}
+	if set["expected-snapshot"] {
+		res.ExpectedSnapshotSeconds = proto.Float64(f.expSnap)
+	}
+	return nil
+}
+
+// createRun creates the run and prints its token once: by default as shell
+// assignments on stdout, for `eval "$(snapctl run create ...)"`, with a
+// summary on stderr.
+func (c *cli) createRun(ctx context.Context, runID string, spec *v1.RunSpec) error {
+	cl, err := c.dial("")
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	ctx, cancel := c.call(ctx)
+	defer cancel()
+	resp, err := cl.Runs.CreateRun(ctx, &v1.CreateRunRequest{RunId: runID, Spec: spec})
+	if err != nil {
+		return fmt.Errorf("create run %s: %w", runID, err)
+	}
+	if resp.GetRunToken() == "" {
+		return withExit(exitConflict, fmt.Errorf("run %s already exists with this spec: its run token was printed when it was created and is not shown again", runID))
+	}
+	if c.output == "json" {
+		return c.printJSON(resp, "  ")
+	}
+	fmt.Fprintf(c.stdout, "export SNAPCOORD_RUN_ID='%s'\nexport SNAPCOORD_RUN_TOKEN='%s'\n", runID, resp.GetRunToken())
+	fmt.Fprintf(c.stderr, "snapctl: created run %s: %s; its token is in SNAPCOORD_RUN_TOKEN\n", runID, describeDeadline(resp.GetRun(), time.Now()))
+	return nil
+}

@@ -1,0 +1,144 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+)
+
+func writeFile(t *testing.T, name, content string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// A NeMo RL config as such files look: the keys snapcoord reads among many
+// it does not.
+const nemoRLYAML = `
+grpo:
+  num_prompts_per_step: 32
+  max_num_steps: 1000
+policy:
+  model_name: Qwen/Qwen2.5-7B
+checkpointing:
+  enabled: true
+  checkpoint_dir: results/grpo
+  save_period: 10
+  checkpoint_must_save_by: "00:03:45:00"
+  deferred_finalize: true
+rollout_checkpointing:
+  snapshot_attempt_interval_s: null
+  snapshot_on_trainer_checkpoint: false
+  max_consecutive_failures: 5
+  snapshot_timeout_s: 300
+rollout_recovery:
+  target_level: turn
+cluster:
+  num_nodes: 4
+  gpus_per_node: 8
+`
+
+func TestRunCreateFromNemoRL(t *testing.T) {
+	s := startServer(t)
+	cfg := writeFile(t, "grpo.yaml", nemoRLYAML)
+	s.createRun("r1", "--from-nemo-rl", cfg, "--world-size", "32")
+	var run v1.Run
+	s.getJSON(&run, "run", "get", "r1")
+	spec := run.GetSpec()
+	ck, rc := spec.GetCheckpointing(), spec.GetRolloutCheckpointing()
+	if spec.GetTrainerWorldSize() != 32 || ck.GetCheckpointMustSaveBy() != "00:03:45:00" || !ck.GetDeferredFinalize() ||
+		rc.SnapshotAttemptIntervalS != nil || rc.GetSnapshotOnTrainerCheckpoint() || rc.GetMaxConsecutiveFailures() != 5 ||
+		rc.GetSnapshotTimeoutS() != 300 || spec.GetRolloutRecovery().GetTargetLevel() != v1.TargetLevel_TARGET_LEVEL_TURN {
+		t.Errorf("spec from %s = %v", cfg, spec)
+	}
+
+	// Flags win over the file.
+	s.createRun("r2", "--from-nemo-rl", cfg, "--world-size", "8", "--deferred-finalize=false",
+		"--snapshot-interval", "120", "--target-level", "prefix", "--budget", "00:01:00:00")
+	s.getJSON(&run, "run", "get", "r2")
+	spec = run.GetSpec()
+	if spec.GetCheckpointing().GetDeferredFinalize() || spec.GetRolloutCheckpointing().GetSnapshotAttemptIntervalS() != 120 ||
+		spec.GetRolloutRecovery().GetTargetLevel() != v1.TargetLevel_TARGET_LEVEL_PREFIX ||
+		spec.GetCheckpointing().GetCheckpointMustSaveBy() != "00:01:00:00" || spec.GetRolloutCheckpointing().GetMaxConsecutiveFailures() != 5 {
+		t.Errorf("spec from %s with flags = %v", cfg, spec)
+	}
+}
+
+func TestRunCreateFromBadNemoRL(t *testing.T) {
+	s := startServer(t)
+	for name, content := range map[string]string{
+		"unknown level":  "rollout_recovery:\n  target_level: rollouts\n",
+		"interpolation":  "checkpointing:\n  checkpoint_must_save_by: ${oc.env:BUDGET}\n",
+		"wrong type":     "rollout_checkpointing:\n  snapshot_timeout_s: soon\n",
+		"not YAML":       "checkpointing: [\n",
+		"rejected spec":  "checkpointing:\n  checkpoint_must_save_by: 3h\n",
+		"never saves":    "rollout_recovery:\n  target_level: turn\nrollout_checkpointing:\n  snapshot_on_trainer_checkpoint: false\n",
+		"deferred+timer": "checkpointing:\n  deferred_finalize: true\nrollout_checkpointing:\n  snapshot_attempt_interval_s: 300\n",
+	} {
+		t.Run(name, func(t *testing.T) {
+			cfg := writeFile(t, "bad.yaml", content)
+			r := s.wantExit(exitInvalid, "run", "create", "bad", "--from-nemo-rl", cfg, "--world-size", "1")
+			if !strings.HasPrefix(r.stderr, "snapctl: ") {
+				t.Errorf("stderr %q", r.stderr)
+			}
+		})
+	}
+	s.wantExit(exitInvalid, "run", "create", "bad", "--from-nemo-rl", filepath.Join(t.TempDir(), "missing.yaml"), "--world-size", "1")
+}
+
+func TestSlurmTimes(t *testing.T) {
+	s := startServer(t)
+	start := time.Now().Add(-10 * time.Minute).Truncate(time.Second)
+	end := start.Add(4 * time.Hour)
+	slurm := []string{fmt.Sprintf("SLURM_JOB_START_TIME=%d", start.Unix()), fmt.Sprintf("SLURM_JOB_END_TIME=%d", end.Unix())}
+	create := func(runID string, flags ...string) *v1.Run {
+		t.Helper()
+		args := append([]string{"run", "create", runID, "--world-size", "1"}, flags...)
+		if r := s.snapctlEnv(slurm, args...); r.code != 0 {
+			t.Fatalf("snapctl %v: exit %d: %s", args, r.code, r.stderr)
+		}
+		var run v1.Run
+		s.getJSON(&run, "run", "get", runID)
+		return &run
+	}
+
+	run := create("budget", "--started-at", "slurm", "--budget", "00:03:45:00")
+	if got := run.GetSpec().GetStartedAt().AsTime(); !got.Equal(start) {
+		t.Errorf("--started-at slurm: started_at %v, want SLURM_JOB_START_TIME %v", got, start)
+	}
+	if got := run.GetDeadline().GetMustSaveBy().AsTime(); !got.Equal(start.Add(3*time.Hour + 45*time.Minute)) {
+		t.Errorf("B = %v, want start + 3h45m", got)
+	}
+	run = create("end", "--must-save-by", "slurm")
+	if got := run.GetDeadline().GetMustSaveBy().AsTime(); !got.Equal(end) {
+		t.Errorf("--must-save-by slurm: B = %v, want SLURM_JOB_END_TIME %v", got, end)
+	}
+	run = create("end-10m", "--must-save-by", "slurm-10m")
+	if got := run.GetDeadline().GetMustSaveBy().AsTime(); !got.Equal(end.Add(-10 * time.Minute)) {
+		t.Errorf("--must-save-by slurm-10m: B = %v, want %v", got, end.Add(-10*time.Minute))
+	}
+
+	// The scheduler extended the job: extend reads the new end.
+	later := fmt.Sprintf("SLURM_JOB_END_TIME=%d", end.Add(time.Hour).Unix())
+	if r := s.snapctlEnv([]string{later}, "run", "extend", "end", "--must-save-by", "slurm"); r.code != 0 {
+		t.Fatalf("run extend --must-save-by slurm: exit %d: %s", r.code, r.stderr)
+	}
+	s.getJSON(run, "run", "get", "end")
+	if got := run.GetDeadline().GetMustSaveBy().AsTime(); !got.Equal(end.Add(time.Hour)) {
+		t.Errorf("after extend: B = %v, want %v", got, end.Add(time.Hour))
+	}
+
+	// Outside Slurm, or with garbage in the variable: invalid input.
+	s.wantExit(exitInvalid, "run", "create", "x", "--world-size", "1", "--started-at", "slurm")
+	if r := s.snapctlEnv([]string{"SLURM_JOB_END_TIME=tomorrow"}, "run", "create", "x", "--world-size", "1", "--must-save-by", "slurm"); r.code != exitInvalid {
+		t.Errorf("SLURM_JOB_END_TIME=tomorrow: exit %d, want %d (%s)", r.code, exitInvalid, r.stderr)
+	}
+}

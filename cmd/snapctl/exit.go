@@ -1,0 +1,102 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// Exit statuses, documented in `snapctl help` and README.md.
+const (
+	exitOK          = 0
+	exitFailure     = 1
+	exitUsage       = 2
+	exitNotFound    = 3
+	exitConflict    = 4
+	exitUnavailable = 5
+	exitAuth        = 6
+	exitInvalid     = 7
+	exitLimit       = 8
+	exitRunFailed   = 9
+	exitStopHook    = 10
+)
+
+// exitError carries an exit status chosen by the command itself.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string { return e.err.Error() }
+func (e *exitError) Unwrap() error { return e.err }
+
+func withExit(code int, err error) error { return &exitError{code: code, err: err} }
+
+func usageErr(err error) error { return withExit(exitUsage, err) }
+
+// inputErr is bad input that is not a command-line mistake: a YAML file, a
+// time, a Slurm variable.
+func inputErr(format string, args ...any) error {
+	return withExit(exitInvalid, fmt.Errorf(format, args...))
+}
+
+// codeExits classifies the coordinator's answers.
+var codeExits = map[codes.Code]int{
+	codes.NotFound:           exitNotFound,
+	codes.AlreadyExists:      exitConflict,
+	codes.FailedPrecondition: exitConflict,
+	codes.Aborted:            exitConflict,
+	codes.Unavailable:        exitUnavailable,
+	codes.DeadlineExceeded:   exitUnavailable,
+	codes.Unauthenticated:    exitAuth,
+	codes.PermissionDenied:   exitAuth,
+	codes.InvalidArgument:    exitInvalid,
+	codes.OutOfRange:         exitInvalid,
+	codes.ResourceExhausted:  exitLimit,
+}
+
+// exitCode picks the status for err.
+func exitCode(err error) int {
+	if err == nil {
+		return exitOK
+	}
+	if ee, ok := errors.AsType[*exitError](err); ok {
+		return ee.code
+	}
+	if st, ok := status.FromError(err); ok {
+		if code, ok := codeExits[st.Code()]; ok {
+			return code
+		}
+	}
+	return exitFailure
+}
+
+// fail prints err (if any) and returns its exit status. gRPC errors are
+// shown as "Code: message", without grpc-go's "rpc error: code = " prefix.
+func (c *cli) fail(err error) int {
+	code := exitCode(err)
+	if err != nil {
+		fmt.Fprintf(c.stderr, "snapctl: %s\n", describe(err))
+		if code == exitUsage {
+			fmt.Fprintln(c.stderr, "run 'snapctl help' for usage")
+		}
+	}
+	return code
+}
+
+// describe shows a gRPC status as "Code: message" in place of grpc-go's
+// "rpc error: code = Code desc = message", keeping any context around it.
+func describe(err error) string {
+	gs, ok := errors.AsType[interface {
+		error
+		GRPCStatus() *status.Status
+	}](err)
+	if !ok || gs.GRPCStatus() == nil {
+		return err.Error()
+	}
+	st := gs.GRPCStatus()
+	return strings.Replace(err.Error(), st.Err().Error(), st.Code().String()+": "+st.Message(), 1)
+}

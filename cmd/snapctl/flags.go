@@ -1,0 +1,130 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"time"
+)
+
+// cli is the state one snapctl invocation shares between its flags and its
+// command.
+type cli struct {
+	env
+	conn     connConfig
+	output   string          // -o
+	outputs  []string        // what -o accepts for this command; first is the default
+	setFlags map[string]bool // flags given on the command line
+}
+
+// connConfig is how to reach the coordinator.
+type connConfig struct {
+	addr, token, tokenFile    string
+	plaintext                 bool
+	caFile, certFile, keyFile string
+	serverName                string
+	timeout                   time.Duration
+}
+
+// connFlags are defined on every flag set, bound to the same variables:
+// they may come before the command or after it.
+var connFlags = map[string]bool{
+	"addr": true, "token": true, "token-file": true, "plaintext": true, "ca-file": true,
+	"cert-file": true, "key-file": true, "server-name": true, "timeout": true, "o": true,
+}
+
+// envNames maps flags to the environment variables that set their
+// defaults. A flag on the command line beats its variable.
+var envNames = map[string]string{
+	"addr": "SNAPCOORD_ADDR", "token": "SNAPCOORD_TOKEN", "token-file": "SNAPCOORD_TOKEN_FILE",
+	"plaintext": "SNAPCOORD_PLAINTEXT", "ca-file": "SNAPCOORD_CA_FILE", "cert-file": "SNAPCOORD_CERT_FILE",
+	"key-file": "SNAPCOORD_KEY_FILE", "server-name": "SNAPCOORD_SERVER_NAME", "timeout": "SNAPCOORD_TIMEOUT",
+	// sidecar
+	"run": "SNAPCOORD_RUN_ID", "run-token": "SNAPCOORD_RUN_TOKEN", "run-token-file": "SNAPCOORD_RUN_TOKEN_FILE",
+	"name": "SNAPCOORD_WORKER_NAME", "on-snapshot": "SNAPCOORD_ON_SNAPSHOT", "on-stop": "SNAPCOORD_ON_STOP",
+}
+
+// newFlagSet defines the connection flags with their current values as
+// defaults, so that defining them again for the command keeps what was
+// given before it.
+func (c *cli) newFlagSet(name string) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard) // errors are printed once, by fail
+	fs.StringVar(&c.conn.addr, "addr", c.conn.addr, "coordinator `address`")
+	fs.StringVar(&c.conn.token, "token", c.conn.token, "admin `token`")
+	fs.StringVar(&c.conn.tokenFile, "token-file", c.conn.tokenFile, "read the admin token from `file`")
+	fs.BoolVar(&c.conn.plaintext, "plaintext", c.conn.plaintext, "connect without TLS")
+	fs.StringVar(&c.conn.caFile, "ca-file", c.conn.caFile, "CA bundle `file`")
+	fs.StringVar(&c.conn.certFile, "cert-file", c.conn.certFile, "client certificate `file`")
+	fs.StringVar(&c.conn.keyFile, "key-file", c.conn.keyFile, "client key `file`")
+	fs.StringVar(&c.conn.serverName, "server-name", c.conn.serverName, "server `name` to verify")
+	fs.DurationVar(&c.conn.timeout, "timeout", c.conn.timeout, "bound on each call")
+	fs.StringVar(&c.output, "o", c.output, "output `format`")
+	return fs
+}
+
+// applyEnv sets flags from their environment variables. The connection
+// flags are set once, on the global flag set, so that a variable never
+// overrides a connection flag given before the command.
+func (c *cli) applyEnv(fs *flag.FlagSet) error {
+	global := fs.Name() == "snapctl"
+	var errs []error
+	fs.VisitAll(func(f *flag.Flag) {
+		name, ok := envNames[f.Name]
+		if !ok || connFlags[f.Name] != global {
+			return
+		}
+		f.Usage += " (env " + name + ")"
+		if v, ok := c.lookup(name); ok && v != "" {
+			if err := fs.Set(f.Name, v); err != nil {
+				errs = append(errs, fmt.Errorf("%s=%q: %w", name, v, err))
+			}
+		}
+	})
+	return errors.Join(errs...)
+}
+
+// parseInterleaved parses flags wherever they are among the arguments (the
+// flag package stops at the first argument) and returns the arguments. "--"
+// ends the flags.
+func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		rest := fs.Args()
+		if consumed := len(args) - len(rest); consumed > 0 && args[consumed-1] == "--" {
+			return append(pos, rest...), nil
+		}
+		if len(rest) == 0 {
+			return pos, nil
+		}
+		pos, args = append(pos, rest[0]), rest[1:]
+	}
+}
+
+// checkOutput resolves -o against what the command accepts.
+func (c *cli) checkOutput() error {
+	if len(c.outputs) == 0 {
+		c.outputs = []string{"table", "json"}
+	}
+	if c.output == "" {
+		c.output = c.outputs[0]
+	}
+	for _, o := range c.outputs {
+		if c.output == o {
+			return nil
+		}
+	}
+	return usageErr(fmt.Errorf("-o %q: want one of %v", c.output, c.outputs))
+}
+
+// wantArgs checks the number of positional arguments.
+func wantArgs(args []string, names ...string) error {
+	if len(args) != len(names) {
+		return usageErr(fmt.Errorf("want %d argument(s) (%v), got %d", len(names), names, len(args)))
+	}
+	return nil
+}

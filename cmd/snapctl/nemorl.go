@@ -1,0 +1,96 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+	"google.golang.org/protobuf/proto"
+
+	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+)
+
+// nemoRLConfig is the part of a NeMo RL training config that becomes a run
+// spec. Everything else in the file (policy, cluster, data, other
+// checkpointing keys) is ignored. Pointers tell "absent or null" from a
+// value.
+type nemoRLConfig struct {
+	Checkpointing struct {
+		CheckpointMustSaveBy *string `yaml:"checkpoint_must_save_by"`
+		DeferredFinalize     *bool   `yaml:"deferred_finalize"`
+	} `yaml:"checkpointing"`
+	RolloutCheckpointing struct {
+		SnapshotAttemptIntervalS    *int32 `yaml:"snapshot_attempt_interval_s"`
+		SnapshotOnTrainerCheckpoint *bool  `yaml:"snapshot_on_trainer_checkpoint"`
+		MaxConsecutiveFailures      *int32 `yaml:"max_consecutive_failures"`
+		SnapshotTimeoutS            *int32 `yaml:"snapshot_timeout_s"`
+	} `yaml:"rollout_checkpointing"`
+	RolloutRecovery struct {
+		TargetLevel *string `yaml:"target_level"`
+	} `yaml:"rollout_recovery"`
+}
+
+// readNemoRL reads a NeMo RL YAML config into spec.
+func readNemoRL(path string, spec *v1.RunSpec) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return inputErr("--from-nemo-rl: %w", err)
+	}
+	var cfg nemoRLConfig
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	if err := dec.Decode(&cfg); err != nil && !errors.Is(err, io.EOF) {
+		return inputErr("--from-nemo-rl %s: %w", path, err)
+	}
+	if err := cfg.apply(spec); err != nil {
+		return inputErr("--from-nemo-rl %s: %w", path, err)
+	}
+	return nil
+}
+
+func (cfg nemoRLConfig) apply(spec *v1.RunSpec) error {
+	ck, rc := cfg.Checkpointing, cfg.RolloutCheckpointing
+	if b := ck.CheckpointMustSaveBy; b != nil {
+		// OmegaConf resolves interpolations when the trainer starts; this
+		// reader sees them raw.
+		if strings.Contains(*b, "${") {
+			return fmt.Errorf("checkpointing.checkpoint_must_save_by %q is an unresolved interpolation: pass --budget instead", *b)
+		}
+		spec.Checkpointing.CheckpointMustSaveBy = *b
+	}
+	if ck.DeferredFinalize != nil {
+		spec.Checkpointing.DeferredFinalize = *ck.DeferredFinalize
+	}
+	if rc.SnapshotAttemptIntervalS != nil {
+		spec.RolloutCheckpointing.SnapshotAttemptIntervalS = proto.Int32(*rc.SnapshotAttemptIntervalS)
+	}
+	if rc.SnapshotOnTrainerCheckpoint != nil {
+		spec.RolloutCheckpointing.SnapshotOnTrainerCheckpoint = proto.Bool(*rc.SnapshotOnTrainerCheckpoint)
+	}
+	if rc.MaxConsecutiveFailures != nil {
+		spec.RolloutCheckpointing.MaxConsecutiveFailures = *rc.MaxConsecutiveFailures
+	}
+	if rc.SnapshotTimeoutS != nil {
+		spec.RolloutCheckpointing.SnapshotTimeoutS = *rc.SnapshotTimeoutS
+	}
+	if lvl := cfg.RolloutRecovery.TargetLevel; lvl != nil {
+		tl, err := parseTargetLevel(*lvl)
+		if err != nil {
+			return fmt.Errorf("rollout_recovery.target_level: %w", err)
+		}
+		spec.RolloutRecovery.TargetLevel = tl
+	}
+	return nil
+}
+
+// parseTargetLevel accepts "turn", "TURN" or "TARGET_LEVEL_TURN".
+func parseTargetLevel(s string) (v1.TargetLevel, error) {
+	name := "TARGET_LEVEL_" + strings.TrimPrefix(strings.ToUpper(s), "TARGET_LEVEL_")
+	if v, ok := v1.TargetLevel_value[name]; ok && v != 0 {
+		return v1.TargetLevel(v), nil
+	}
+	return 0, fmt.Errorf("%q is not a target level (prompt_group, sibling, turn, prefix)", s)
+}

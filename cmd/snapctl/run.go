@@ -1,0 +1,196 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"runtime/debug"
+	"strings"
+	"time"
+)
+
+// env is the process around a command: tests run commands with their own.
+type env struct {
+	lookup         func(string) (string, bool)
+	stdout, stderr io.Writer
+}
+
+// command is one snapctl subcommand.
+type command struct {
+	name    string // "run get"
+	args    string // positional arguments, for the usage line
+	summary string
+	// setup defines the command's own flags on fs and returns what runs it
+	// once they are parsed, with the positional arguments.
+	setup func(fs *flag.FlagSet, c *cli) func(ctx context.Context, args []string) error
+}
+
+// commands lists every subcommand, in the order help shows them.
+var commands = []command{
+	{"run create", "RUN_ID", "create a run; print its token once, for eval", setupRunCreate},
+	{"run get", "RUN_ID", "show a run: state, deadline B, estimates", setupRunGet},
+	{"run list", "", "list runs", setupRunList},
+	{"run watch", "RUN_ID", "follow a run's new events until it ends; exit status by its final state", setupRunWatch},
+	{"run explain", "RUN_ID", "explain the latest (or --step N) decision in plain words", setupRunExplain},
+	{"run extend", "RUN_ID", "move the deadline B (--budget, --must-save-by or --add)", setupRunExtend},
+	{"run trigger", "RUN_ID", "fire the deadline now", setupRunTrigger},
+	{"run cancel", "RUN_ID", "cancel a run; every worker is told to stop", setupRunCancel},
+	{"workers", "RUN_ID", "list a run's trainer ranks and environment workers", setupWorkers},
+	{"snapshots", "RUN_ID", "list a run's environment snapshots", setupSnapshots},
+	{"events", "RUN_ID", "print a run's events (--follow to keep following)", setupEvents},
+	{"sidecar", "", "run beside an environment worker: a hook command per snapshot", setupSidecar},
+}
+
+const usageHead = `usage: snapctl [connection flags] <command> [flags] [arguments]
+
+commands:
+`
+
+const usageTail = `  version       print the version
+  help          print this help
+
+Flags may come before or after the arguments. Every command takes the
+connection flags (and their environment variables):
+
+  --addr HOST:PORT     coordinator address (SNAPCOORD_ADDR, default 127.0.0.1:7070)
+  --token TOKEN        admin token for run commands (SNAPCOORD_TOKEN)
+  --token-file FILE    read the admin token from FILE (SNAPCOORD_TOKEN_FILE)
+  --plaintext          no TLS: only for a coordinator on loopback or a trusted
+                       network (SNAPCOORD_PLAINTEXT)
+  --ca-file FILE       CA bundle that signs the coordinator's certificate;
+                       default: the system roots (SNAPCOORD_CA_FILE)
+  --cert-file FILE     client certificate, for mutual TLS (SNAPCOORD_CERT_FILE)
+  --key-file FILE      its key (SNAPCOORD_KEY_FILE)
+  --server-name NAME   name to verify in the coordinator's certificate
+                       (SNAPCOORD_SERVER_NAME)
+  --timeout DURATION   bound on each call, except following (SNAPCOORD_TIMEOUT,
+                       default 30s)
+  -o table|json        output: human tables in local time (default), or
+                       protojson (events: one JSON object per line)
+
+Exit status:
+  0   success
+  1   unexpected failure (an internal error in the coordinator or in snapctl)
+  2   usage: unknown command, bad flag, missing argument
+  3   not found: no such run, worker or step
+  4   conflict or wrong state: the run exists (run create shows a token only
+      once), the deadline already fired, the run is over
+  5   the coordinator is unreachable, shutting down, or did not answer in time
+  6   authentication or permission: missing or wrong token
+  7   invalid input: rejected by the coordinator, or a bad YAML file, time or
+      Slurm variable
+  8   a coordinator limit was reached
+  9   run watch: the run ended FAILED or CANCELLED
+  10  sidecar: the --on-stop hook failed
+
+Run 'snapctl <command> --help' for a command's flags.
+`
+
+func printUsage(w io.Writer) {
+	fmt.Fprint(w, usageHead)
+	for _, c := range commands {
+		fmt.Fprintf(w, "  %-13s %s\n", c.name, c.summary)
+	}
+	fmt.Fprint(w, usageTail)
+}
+
+// run is main without the process.
+func run(ctx context.Context, args []string, e env) int {
+	c := &cli{env: e, conn: connConfig{addr: "127.0.0.1:7070", timeout: 30 * time.Second}}
+	global := c.newFlagSet("snapctl")
+	if err := c.applyEnv(global); err != nil {
+		return c.fail(usageErr(err))
+	}
+	if err := global.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			printUsage(e.stdout)
+			return exitOK
+		}
+		return c.fail(usageErr(err))
+	}
+	args = global.Args()
+	if len(args) == 0 {
+		printUsage(e.stderr)
+		return exitUsage
+	}
+	switch args[0] {
+	case "help", "-h", "--help":
+		printUsage(e.stdout)
+		return exitOK
+	case "version":
+		fmt.Fprintln(e.stdout, versionString())
+		return exitOK
+	}
+	cmd, rest, ok := findCommand(args)
+	if !ok {
+		return c.fail(usageErr(fmt.Errorf("unknown command %q; run 'snapctl help'", strings.Join(args[:min(2, len(args))], " "))))
+	}
+	return c.fail(c.execute(ctx, cmd, rest))
+}
+
+// findCommand matches the longest command name at the start of args.
+func findCommand(args []string) (command, []string, bool) {
+	for _, c := range commands {
+		words := strings.Fields(c.name)
+		if len(args) >= len(words) && strings.Join(args[:len(words)], " ") == c.name {
+			return c, args[len(words):], true
+		}
+	}
+	return command{}, nil, false
+}
+
+func (c *cli) execute(ctx context.Context, cmd command, args []string) error {
+	fs := c.newFlagSet("snapctl " + cmd.name)
+	runFn := cmd.setup(fs, c)
+	if err := c.applyEnv(fs); err != nil {
+		return usageErr(err)
+	}
+	pos, err := parseInterleaved(fs, args)
+	if errors.Is(err, flag.ErrHelp) {
+		c.printCommandUsage(c.stdout, cmd, fs)
+		return nil
+	}
+	if err != nil {
+		return usageErr(err)
+	}
+	c.setFlags = map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { c.setFlags[f.Name] = true })
+	if err := c.checkOutput(); err != nil {
+		return err
+	}
+	return runFn(ctx, pos)
+}
+
+func (c *cli) printCommandUsage(w io.Writer, cmd command, fs *flag.FlagSet) {
+	fmt.Fprintf(w, "usage: snapctl %s [flags] %s\n\n%s\n\nflags (connection flags: see 'snapctl help'):\n", cmd.name, cmd.args, cmd.summary)
+	fs.VisitAll(func(f *flag.Flag) {
+		if connFlags[f.Name] {
+			return
+		}
+		name, usage := flag.UnquoteUsage(f)
+		fmt.Fprintf(w, "  --%s %s\n    \t%s", f.Name, name, usage)
+		if f.DefValue != "" && f.DefValue != "false" && f.DefValue != "0" {
+			fmt.Fprintf(w, " (default %s)", f.DefValue)
+		}
+		fmt.Fprintln(w)
+	})
+}
+
+// version is set at release builds with -ldflags "-X main.version=v1.2.3".
+var version = ""
+
+func versionString() string {
+	v, goVersion := version, "unknown"
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		goVersion = bi.GoVersion
+		if v == "" {
+			v = bi.Main.Version
+		}
+	}
+	if v == "" {
+		v = "(devel)"
+	}
+	return fmt.Sprintf("snapctl %s %s", v, goVersion)
+}

@@ -1,0 +1,238 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+	"github.com/snapcoord/snapcoord/client"
+)
+
+// withClient runs fn with a connection bounded by --timeout.
+func (c *cli) withClient(ctx context.Context, fn func(ctx context.Context, cl *client.Client) error) error {
+	cl, err := c.dial("")
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	ctx, cancel := c.call(ctx)
+	defer cancel()
+	return fn(ctx, cl)
+}
+
+// oneRun is the shape of the commands that take RUN_ID and print a run.
+func oneRun(c *cli, call func(ctx context.Context, cl *client.Client, runID string) (*v1.Run, error)) func(context.Context, []string) error {
+	return func(ctx context.Context, args []string) error {
+		if err := wantArgs(args, "RUN_ID"); err != nil {
+			return err
+		}
+		return c.withClient(ctx, func(ctx context.Context, cl *client.Client) error {
+			run, err := call(ctx, cl, args[0])
+			if err != nil {
+				return err
+			}
+			return c.printRun(run)
+		})
+	}
+}
+
+func setupRunGet(_ *flag.FlagSet, c *cli) func(context.Context, []string) error {
+	return oneRun(c, func(ctx context.Context, cl *client.Client, runID string) (*v1.Run, error) {
+		resp, err := cl.Runs.GetRun(ctx, &v1.GetRunRequest{RunId: runID})
+		if err != nil {
+			return nil, fmt.Errorf("get run %s: %w", runID, err)
+		}
+		return resp.GetRun(), nil
+	})
+}
+
+func setupRunTrigger(fs *flag.FlagSet, c *cli) func(context.Context, []string) error {
+	reason := fs.String("reason", "", "why, recorded in the run's events")
+	return oneRun(c, func(ctx context.Context, cl *client.Client, runID string) (*v1.Run, error) {
+		resp, err := cl.Runs.TriggerDeadline(ctx, &v1.TriggerDeadlineRequest{RunId: runID, Reason: *reason})
+		if err != nil {
+			return nil, fmt.Errorf("trigger the deadline of run %s: %w", runID, err)
+		}
+		return resp.GetRun(), nil
+	})
+}
+
+func setupRunCancel(fs *flag.FlagSet, c *cli) func(context.Context, []string) error {
+	reason := fs.String("reason", "", "why, recorded in the run and sent with Stop")
+	return oneRun(c, func(ctx context.Context, cl *client.Client, runID string) (*v1.Run, error) {
+		resp, err := cl.Runs.CancelRun(ctx, &v1.CancelRunRequest{RunId: runID, Reason: *reason})
+		if err != nil {
+			return nil, fmt.Errorf("cancel run %s: %w", runID, err)
+		}
+		return resp.GetRun(), nil
+	})
+}
+
+func setupRunExtend(fs *flag.FlagSet, c *cli) func(context.Context, []string) error {
+	budget := fs.String("budget", "", "new budget `DD:HH:MM:SS` from the run's started_at")
+	mustSaveBy := fs.String("must-save-by", "", "new B: RFC 3339 `time`, \"slurm\" (SLURM_JOB_END_TIME, after the job was extended) or \"slurm-10m\"")
+	add := fs.Duration("add", 0, "move B by this `duration` (30m; negative moves it earlier)")
+	return oneRun(c, func(ctx context.Context, cl *client.Client, runID string) (*v1.Run, error) {
+		req := &v1.UpdateDeadlineRequest{RunId: runID, CheckpointMustSaveBy: *budget}
+		var err error
+		switch given := countSet(c, "budget", "must-save-by", "add"); {
+		case given != 1:
+			return nil, usageErr(errors.New("give exactly one of --budget, --must-save-by and --add"))
+		case c.setFlags["must-save-by"]:
+			req.MustSaveBy, err = c.parseTime("must-save-by", *mustSaveBy, slurmEnd)
+		case c.setFlags["add"]:
+			req.MustSaveBy, err = currentDeadlinePlus(ctx, cl, runID, *add)
+		}
+		if err != nil {
+			return nil, err
+		}
+		resp, err := cl.Runs.UpdateDeadline(ctx, req)
+		if err != nil {
+			return nil, fmt.Errorf("move the deadline of run %s: %w", runID, err)
+		}
+		return resp.GetRun(), nil
+	})
+}
+
+func countSet(c *cli, names ...string) int {
+	n := 0
+	for _, name := range names {
+		if c.setFlags[name] {
+			n++
+		}
+	}
+	return n
+}
+
+// currentDeadlinePlus is B + d, sent as an absolute time: repeating the
+// call (a retry) sets the same B rather than adding d twice.
+func currentDeadlinePlus(ctx context.Context, cl *client.Client, runID string, d time.Duration) (*timestamppb.Timestamp, error) {
+	resp, err := cl.Runs.GetRun(ctx, &v1.GetRunRequest{RunId: runID})
+	if err != nil {
+		return nil, fmt.Errorf("get run %s: %w", runID, err)
+	}
+	b := resp.GetRun().GetDeadline().GetMustSaveBy()
+	if b == nil {
+		return nil, withExit(exitConflict, fmt.Errorf("run %s has no deadline to move; give --budget or --must-save-by", runID))
+	}
+	return timestamppb.New(b.AsTime().Add(d)), nil
+}
+
+func setupRunList(fs *flag.FlagSet, c *cli) func(context.Context, []string) error {
+	state := fs.String("state", "", "only runs in this `state` (running, stopped, ...)")
+	return func(ctx context.Context, args []string) error {
+		if err := wantArgs(args); err != nil {
+			return err
+		}
+		filter, err := parseRunState(*state)
+		if err != nil {
+			return err
+		}
+		return c.withClient(ctx, func(ctx context.Context, cl *client.Client) error {
+			all := &v1.ListRunsResponse{}
+			req := &v1.ListRunsRequest{State: filter}
+			for {
+				resp, err := cl.Runs.ListRuns(ctx, req)
+				if err != nil {
+					return fmt.Errorf("list runs: %w", err)
+				}
+				all.Runs = append(all.Runs, resp.GetRuns()...)
+				if req.PageToken = resp.GetNextPageToken(); req.PageToken == "" {
+					break
+				}
+			}
+			if c.output == "json" {
+				return c.printJSON(all, "  ")
+			}
+			return c.printRunTable(all.GetRuns())
+		})
+	}
+}
+
+func parseRunState(s string) (v1.RunState, error) {
+	if s == "" {
+		return v1.RunState_RUN_STATE_UNSPECIFIED, nil
+	}
+	name := "RUN_STATE_" + strings.TrimPrefix(strings.ToUpper(s), "RUN_STATE_")
+	if v, ok := v1.RunState_value[name]; ok && v != 0 {
+		return v1.RunState(v), nil
+	}
+	return 0, inputErr("--state %q: want pending, running, saving, snapshotting, stopped, completed, failed or cancelled", s)
+}
+
+func (c *cli) printRunTable(runs []*v1.Run) error {
+	now := time.Now()
+	rows := make([][]string, 0, len(runs))
+	for _, r := range runs {
+		b := "-"
+		if ts := r.GetDeadline().GetMustSaveBy(); ts != nil {
+			b = stamp(ts) + " (" + relative(ts.AsTime(), now) + ")"
+		}
+		rows = append(rows, []string{r.GetRunId(), enumWord(r.GetState(), "RUN_STATE_"),
+			strconv.FormatInt(r.GetLastStep(), 10), b, stamp(r.GetCreatedAt())})
+	}
+	return table(c.stdout, "RUN\tSTATE\tSTEP\tDEADLINE B\tCREATED", rows)
+}
+
+func (c *cli) printRun(r *v1.Run) error {
+	if c.output == "json" {
+		return c.printJSON(r, "  ")
+	}
+	now := time.Now()
+	d := r.GetDeadline()
+	rows := [][]string{
+		{"run", r.GetRunId()},
+		{"state", enumWord(r.GetState(), "RUN_STATE_")},
+		{"trainer ranks", strconv.Itoa(int(r.GetSpec().GetTrainerWorldSize()))},
+		{"recovery level", lowerWord(r.GetSpec().GetRolloutRecovery().GetTargetLevel(), "TARGET_LEVEL_")},
+		{"created", stamp(r.GetCreatedAt())},
+		{"started at", stamp(r.GetSpec().GetStartedAt())},
+		{"deadline", describeDeadline(r, now)},
+		{"estimates", fmt.Sprintf("I %s, C %s, R %s, M %s", secs(d.GetIterationSeconds()), secs(d.GetCheckpointSeconds()),
+			secs(d.GetSaveReserveSeconds()), secs(d.GetMarginSeconds()))},
+		{"last step", fmt.Sprintf("%d (last published checkpoint: step %d)", r.GetLastStep(), r.GetLastPublishedStep())},
+	}
+	if f := d.GetFiresAt(); f != nil && r.GetFiredAt() == nil {
+		rows = append(rows, []string{"fires at", stamp(f) + ": a step completing from then on saves and stops"})
+	}
+	if r.GetFiredAt() != nil {
+		rows = append(rows, []string{"fired", describeFire(r)})
+	}
+	if r.GetEndedAt() != nil {
+		rows = append(rows, []string{"ended", stamp(r.GetEndedAt())})
+	}
+	if m := r.GetFailureMessage(); m != "" {
+		rows = append(rows, []string{"reason", m})
+	}
+	return table(c.stdout, "", rows)
+}
+
+// describeDeadline: "B = 2026-11-30 11:45:00 CET (in 3 h 45 min)".
+func describeDeadline(r *v1.Run, now time.Time) string {
+	b := r.GetDeadline().GetMustSaveBy()
+	if b == nil {
+		return "none: the run never fires by itself"
+	}
+	return fmt.Sprintf("B = %s (%s)", stamp(b), relative(b.AsTime(), now))
+}
+
+func describeFire(r *v1.Run) string {
+	at := stamp(r.GetFiredAt())
+	switch r.GetFireKind() {
+	case v1.DeadlineFireKind_DEADLINE_FIRE_KIND_PRE_STEP:
+		return at + ", before the first step"
+	case v1.DeadlineFireKind_DEADLINE_FIRE_KIND_MANUAL:
+		if r.GetFiredAtStep() == 0 {
+			return at + ", by hand, before the first step"
+		}
+		return fmt.Sprintf("%s, by hand, at step %d", at, r.GetFiredAtStep())
+	}
+	return fmt.Sprintf("%s, at step %d", at, r.GetFiredAtStep())
+}

@@ -1,0 +1,176 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+
+	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+	"github.com/snapcoord/snapcoord/client"
+)
+
+// sidecarConfig is `snapctl sidecar`'s flags.
+type sidecarConfig struct {
+	runID, runToken, runTokenFile string
+	name                          string
+	onSnapshot, onStop            string
+	poll                          bool
+	pollInterval, hookTimeout     time.Duration
+	logLevel                      slog.Level
+}
+
+func setupSidecar(fs *flag.FlagSet, c *cli) func(context.Context, []string) error {
+	var s sidecarConfig
+	host, _ := os.Hostname()
+	fs.StringVar(&s.runID, "run", "", "the run's `id` (required)")
+	fs.StringVar(&s.runToken, "run-token", "", "the run's `token`, from run create")
+	fs.StringVar(&s.runTokenFile, "run-token-file", "", "read the run token from `file`")
+	fs.StringVar(&s.name, "name", host, "stable worker `name`; give each sidecar on a host its own")
+	fs.StringVar(&s.onSnapshot, "on-snapshot", "", "`command` (/bin/sh -c) that saves the environment state (required)")
+	fs.StringVar(&s.onStop, "on-stop", "", "`command` (/bin/sh -c) to run when the run stops")
+	fs.BoolVar(&s.poll, "poll", false, "long-poll for commands instead of streaming them")
+	fs.DurationVar(&s.pollInterval, "poll-interval", 30*time.Second, "with --poll, the longest wait of one poll (a command ends it at once)")
+	fs.DurationVar(&s.hookTimeout, "hook-timeout", 10*time.Minute, "kill a Snapshot hook after this long (SaveAtDeadline: at must_finish_by)")
+	fs.TextVar(&s.logLevel, "log-level", slog.LevelInfo, "log `level`: debug, info, warn or error")
+	return func(ctx context.Context, args []string) error {
+		if err := wantArgs(args); err != nil {
+			return err
+		}
+		switch {
+		case s.runID == "":
+			return usageErr(errors.New("--run (or SNAPCOORD_RUN_ID) is required"))
+		case s.onSnapshot == "":
+			return usageErr(errors.New("--on-snapshot is required"))
+		case s.runToken != "" && s.runTokenFile != "":
+			return usageErr(errors.New("give --run-token or --run-token-file, not both"))
+		}
+		if s.runTokenFile != "" {
+			tok, err := client.ReadTokenFile(s.runTokenFile)
+			if err != nil {
+				return withExit(exitInvalid, err)
+			}
+			s.runToken = tok
+		}
+		return c.sidecar(ctx, s)
+	}
+}
+
+// sidecar is one running `snapctl sidecar`.
+type sidecar struct {
+	c   *cli
+	cfg sidecarConfig
+	w   *client.Worker
+	log *slog.Logger
+}
+
+// sidecar registers an environment worker, follows its commands, and
+// deregisters when it returns (after a Stop, on SIGTERM, or on an error).
+func (c *cli) sidecar(ctx context.Context, cfg sidecarConfig) error {
+	cl, err := c.dial(cfg.runToken)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	log := slog.New(slog.NewTextHandler(c.stderr, &slog.HandlerOptions{Level: cfg.logLevel})).With("worker", cfg.name)
+	regCtx, cancel := c.call(ctx)
+	w, err := cl.StartWorker(regCtx, client.WorkerConfig{
+		RunID: cfg.runID, Role: v1.WorkerRole_WORKER_ROLE_ENVIRONMENT, Name: cfg.name,
+		Poll: cfg.poll, PollWait: cfg.pollInterval, Logger: log,
+	})
+	cancel()
+	if err != nil {
+		return err
+	}
+	log.Info("registered", "run_id", cfg.runID, "worker_id", w.ID(), "incarnation", w.Incarnation())
+	s := &sidecar{c: c, cfg: cfg, w: w, log: log}
+	err = s.serve(ctx)
+	closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if cerr := w.Close(closeCtx); cerr != nil {
+		log.Warn("deregistering failed", "err", cerr)
+	} else {
+		log.Info("deregistered")
+	}
+	return err
+}
+
+func (s *sidecar) serve(ctx context.Context) error {
+	for {
+		select {
+		case <-ctx.Done():
+			s.log.Info("signal received: leaving the run")
+			return nil
+		case cmd, ok := <-s.w.Commands():
+			if !ok {
+				return s.w.Err()
+			}
+			if stop := cmd.GetStop(); stop != nil {
+				return s.stop(ctx, stop.GetReason())
+			}
+			if o, ok := orderOf(cmd, time.Now(), s.cfg.hookTimeout); ok {
+				s.snapshot(ctx, o)
+			}
+		}
+	}
+}
+
+// snapshotOrder is a Snapshot or SaveAtDeadline command.
+type snapshotOrder struct {
+	id, reason   string
+	anchorStep   int64
+	forced       bool
+	mustFinishBy time.Time // the hook is killed then; zero: never
+}
+
+func orderOf(cmd *v1.Command, now time.Time, hookTimeout time.Duration) (snapshotOrder, bool) {
+	if sd := cmd.GetSaveAtDeadline(); sd != nil {
+		o := snapshotOrder{id: sd.GetSnapshotId(), reason: "deadline", anchorStep: sd.GetAnchorStep(), forced: true}
+		if sd.GetMustFinishBy() != nil {
+			o.mustFinishBy = sd.GetMustFinishBy().AsTime()
+		}
+		return o, true
+	}
+	if sn := cmd.GetSnapshot(); sn != nil {
+		o := snapshotOrder{id: sn.GetSnapshotId(), reason: lowerWord(sn.GetReason(), "SNAPSHOT_REASON_"),
+			anchorStep: sn.GetAnchorStep(), forced: sn.GetForced()}
+		if hookTimeout > 0 {
+			o.mustFinishBy = now.Add(hookTimeout)
+		}
+		return o, true
+	}
+	return snapshotOrder{}, false // PublishCheckpoint is for trainers
+}
+
+// snapshot runs the hook and reports its outcome and duration. A report
+// that fails (the run ended meanwhile) is logged: the next command decides.
+func (s *sidecar) snapshot(ctx context.Context, o snapshotOrder) {
+	s.log.Info("snapshot", "snapshot_id", o.id, "reason", o.reason, "anchor_step", o.anchorStep, "forced", o.forced)
+	res := hook{cmdline: s.cfg.onSnapshot, env: snapshotEnv(s.cfg.runID, o), killAt: o.mustFinishBy,
+		stdout: s.c.stdout, stderr: s.c.stderr}.run(ctx)
+	outcome := enumWord(res.outcome, "SNAPSHOT_OUTCOME_")
+	s.log.Info("snapshot done", "snapshot_id", o.id, "outcome", outcome, "took", res.took.Round(time.Millisecond), "message", res.message)
+	// Reported even while shutting down: the coordinator should hear it.
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	if _, err := s.w.ReportSnapshot(rctx, o.id, res.outcome, res.took, res.message); err != nil {
+		s.log.Warn("report failed", "snapshot_id", o.id, "outcome", outcome, "err", describe(err))
+	}
+}
+
+// stop runs --on-stop; the sidecar then exits 0, or 10 if the hook failed.
+func (s *sidecar) stop(ctx context.Context, reason string) error {
+	s.log.Info("stop", "reason", reason)
+	if s.cfg.onStop == "" {
+		return nil
+	}
+	res := hook{cmdline: s.cfg.onStop, env: []string{"SNAPCOORD_RUN_ID=" + s.cfg.runID, "SNAPCOORD_STOP_REASON=" + reason},
+		stdout: s.c.stdout, stderr: s.c.stderr}.run(ctx)
+	if res.outcome != v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SAVED {
+		return withExit(exitStopHook, fmt.Errorf("--on-stop: %s", res.message))
+	}
+	return nil
+}

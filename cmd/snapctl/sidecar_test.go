@@ -1,0 +1,221 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+)
+
+// sidecar starts `snapctl sidecar` for the run, configured the way a launch
+// script does it: the run id and token from run create's exports.
+func (s *server) sidecar(runID, token string, flags ...string) *proc {
+	s.t.Helper()
+	env := s.env("SNAPCOORD_RUN_ID="+runID, "SNAPCOORD_RUN_TOKEN="+token)
+	p := startProc(s.t, env, bin.snapctl, append([]string{"sidecar", "--name", "env-0"}, flags...)...)
+	p.waitFor(s.t, "the sidecar to register", func(out string) bool { return strings.Contains(out, "msg=registered") })
+	return p
+}
+
+// turnRun creates a run with environment snapshots and returns its token.
+func (s *server) turnRun(runID string, flags ...string) string {
+	s.t.Helper()
+	return s.createRun(runID, append([]string{"--world-size", "1", "--budget", "00:01:00:00", "--target-level", "turn"}, flags...)...)
+}
+
+// deadlineSnapshot returns the run's last snapshot and this worker's report.
+func (s *server) deadlineSnapshot(runID string) (*v1.Snapshot, *v1.SnapshotReport) {
+	s.t.Helper()
+	var resp v1.ListSnapshotsResponse
+	s.getJSON(&resp, "snapshots", runID)
+	snaps := resp.GetSnapshots()
+	if len(snaps) == 0 {
+		s.t.Fatalf("run %s has no snapshot", runID)
+	}
+	last := snaps[len(snaps)-1]
+	if len(last.GetReports()) == 0 {
+		return last, nil
+	}
+	return last, last.GetReports()[0]
+}
+
+// The hook's exit status is the outcome; its environment describes the
+// snapshot and holds no token.
+func TestSidecarReportsHookExitStatus(t *testing.T) {
+	s := startServer(t)
+	for _, tc := range []struct {
+		exit  int
+		poll  bool
+		want  v1.SnapshotOutcome
+		state v1.RunState
+	}{
+		{0, false, v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SAVED, v1.RunState_RUN_STATE_STOPPED},
+		{0, true, v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SAVED, v1.RunState_RUN_STATE_STOPPED},
+		{3, false, v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SKIPPED, v1.RunState_RUN_STATE_STOPPED},
+		{4, false, v1.SnapshotOutcome_SNAPSHOT_OUTCOME_INVARIANT_FAILURE, v1.RunState_RUN_STATE_FAILED},
+		{1, false, v1.SnapshotOutcome_SNAPSHOT_OUTCOME_IO_ERROR, v1.RunState_RUN_STATE_STOPPED},
+		{42, true, v1.SnapshotOutcome_SNAPSHOT_OUTCOME_IO_ERROR, v1.RunState_RUN_STATE_STOPPED},
+	} {
+		runID := fmt.Sprintf("exit-%d-poll-%t", tc.exit, tc.poll)
+		t.Run(runID, func(t *testing.T) {
+			t.Parallel()
+			envFile := filepath.Join(t.TempDir(), "env")
+			tok := s.turnRun(runID)
+			flags := []string{"--on-snapshot", fmt.Sprintf("env > %s; echo hook stderr >&2; exit %d", envFile, tc.exit)}
+			if tc.poll {
+				flags = append(flags, "--poll", "--poll-interval", "2s")
+			}
+			sc := s.sidecar(runID, tok, flags...)
+			s.ok("run", "trigger", runID)
+			if code := sc.exitCode(t); code != 0 {
+				t.Errorf("sidecar exit %d after Stop, want 0", code)
+			}
+
+			snap, rep := s.deadlineSnapshot(runID)
+			if rep.GetOutcome() != tc.want || rep.GetDurationSeconds() <= 0 {
+				t.Errorf("hook exit %d reported %v after %v s, want %v with a duration", tc.exit, rep.GetOutcome(), rep.GetDurationSeconds(), tc.want)
+			}
+			if tc.exit != 0 && !strings.Contains(rep.GetMessage(), "hook stderr") {
+				t.Errorf("report message %q lacks the hook's stderr", rep.GetMessage())
+			}
+			var run v1.Run
+			s.getJSON(&run, "run", "get", runID)
+			if run.GetState() != tc.state {
+				t.Errorf("run %v, want %v", run.GetState(), tc.state)
+			}
+			checkHookEnv(t, envFile, map[string]string{
+				"SNAPCOORD_RUN_ID": runID, "SNAPCOORD_SNAPSHOT_ID": snap.GetSnapshotId(), "SNAPCOORD_REASON": "deadline",
+				"SNAPCOORD_ANCHOR_STEP": "0", "SNAPCOORD_FORCED": "true",
+				"SNAPCOORD_MUST_FINISH_BY": snap.GetMustFinishBy().AsTime().UTC().Format(time.RFC3339),
+				"SNAPCOORD_RUN_TOKEN":      "", "SNAPCOORD_TOKEN": "",
+			})
+		})
+	}
+}
+
+func checkHookEnv(t *testing.T, path string, want map[string]string) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("the hook did not run: %v", err)
+	}
+	got := map[string]string{}
+	for _, line := range strings.Split(string(b), "\n") {
+		if k, v, ok := strings.Cut(line, "="); ok {
+			got[k] = v
+		}
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("hook environment %s=%q, want %q", k, got[k], v)
+		}
+	}
+}
+
+// A hook still running at must_finish_by is killed with everything it
+// started, and the snapshot times out.
+func TestSidecarKillsHookAtMustFinishBy(t *testing.T) {
+	s := startServer(t)
+	b := time.Now().Add(3 * time.Second).UTC().Format(time.RFC3339Nano)
+	tok := s.createRun("r1", "--world-size", "1", "--must-save-by", b, "--target-level", "turn")
+	pidFile := filepath.Join(t.TempDir(), "pid")
+	sc := s.sidecar("r1", tok, "--on-snapshot", fmt.Sprintf("sleep 60 & echo $! > %s; wait", pidFile))
+	began := time.Now()
+	s.ok("run", "trigger", "r1")
+	if code := sc.exitCode(t); code != 0 {
+		t.Errorf("sidecar exit %d, want 0", code)
+	}
+	if took := time.Since(began); took > 10*time.Second {
+		t.Errorf("the sidecar took %v: the hook was not killed at must_finish_by", took)
+	}
+	snap, _ := s.deadlineSnapshot("r1")
+	if snap.GetOutcome() != v1.SnapshotOutcome_SNAPSHOT_OUTCOME_TIMEOUT {
+		t.Errorf("deadline snapshot %v, want TIMEOUT", snap.GetOutcome())
+	}
+	if !strings.Contains(sc.out.String(), "outcome=TIMEOUT") {
+		t.Errorf("the sidecar did not classify the kill as TIMEOUT:\n%s", sc.out.String())
+	}
+	b2, err := os.ReadFile(pidFile)
+	if err != nil {
+		t.Fatalf("hook pid: %v", err)
+	}
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(b2)))
+	if alive(pid) {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+		t.Errorf("the hook's child %d survived the kill", pid)
+	}
+}
+
+// alive: the process exists and is not a zombie (a killed orphan may wait
+// for a reaper that a container's init never is).
+func alive(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	_, rest, _ := strings.Cut(string(b), ") ")
+	return !strings.HasPrefix(rest, "Z") && !strings.HasPrefix(rest, "X")
+}
+
+func TestSidecarStopHook(t *testing.T) {
+	s := startServer(t)
+	for _, tc := range []struct {
+		name   string
+		onStop string
+		code   int
+	}{
+		{"succeeds", `echo "$SNAPCOORD_RUN_ID: $SNAPCOORD_STOP_REASON" > %s`, 0},
+		{"fails", `echo ran > %s; exit 1`, exitStopHook},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			runID := "stop-" + tc.name
+			out := filepath.Join(t.TempDir(), "stopped")
+			tok := s.turnRun(runID)
+			sc := s.sidecar(runID, tok, "--on-snapshot", "true", "--on-stop", fmt.Sprintf(tc.onStop, out))
+			s.ok("run", "cancel", runID, "--reason", "bad data")
+			if code := sc.exitCode(t); code != tc.code {
+				t.Errorf("sidecar exit %d, want %d", code, tc.code)
+			}
+			b, err := os.ReadFile(out)
+			if err != nil {
+				t.Fatalf("the stop hook did not run: %v", err)
+			}
+			if tc.code == 0 && !strings.Contains(string(b), runID+": CANCELLED: bad data") {
+				t.Errorf("stop hook saw %q", b)
+			}
+		})
+	}
+}
+
+func TestSidecarLeavesOnSIGTERM(t *testing.T) {
+	s := startServer(t)
+	tok := s.turnRun("r1")
+	sc := s.sidecar("r1", tok, "--on-snapshot", "true")
+	if err := sc.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if code := sc.exitCode(t); code != 0 {
+		t.Errorf("sidecar exit %d after SIGTERM, want 0", code)
+	}
+	var workers v1.ListWorkersResponse
+	s.getJSON(&workers, "workers", "r1")
+	if len(workers.GetWorkers()) != 1 || workers.GetWorkers()[0].GetState() != v1.WorkerState_WORKER_STATE_LEFT {
+		t.Errorf("after SIGTERM the workers are %v, want one LEFT", workers.GetWorkers())
+	}
+}
+
+func TestSidecarWithAWrongToken(t *testing.T) {
+	s := startServer(t)
+	s.turnRun("r1")
+	r := s.snapctlEnv([]string{"SNAPCOORD_RUN_ID=r1", "SNAPCOORD_RUN_TOKEN=wrong"}, "sidecar", "--on-snapshot", "true")
+	if r.code != exitAuth {
+		t.Errorf("sidecar with a wrong token: exit %d, want %d: %s", r.code, exitAuth, r.stderr)
+	}
+}

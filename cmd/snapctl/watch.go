@@ -1,0 +1,62 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"time"
+
+	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+	"github.com/snapcoord/snapcoord/client"
+)
+
+func setupRunWatch(_ *flag.FlagSet, c *cli) func(context.Context, []string) error {
+	return func(ctx context.Context, args []string) error {
+		if err := wantArgs(args, "RUN_ID"); err != nil {
+			return err
+		}
+		cl, err := c.dial("")
+		if err != nil {
+			return err
+		}
+		defer cl.Close()
+		run, err := c.getRun(ctx, cl, args[0])
+		if err != nil {
+			return err
+		}
+		if c.output != "json" {
+			fmt.Fprintf(c.stdout, "run %s is %s; %s\n", run.GetRunId(), enumWord(run.GetState(), "RUN_STATE_"), describeDeadline(run, time.Now()))
+		}
+		if err := c.printEvents(ctx, cl, args[0], run.GetLastEventSeq(), true); err != nil || ctx.Err() != nil {
+			return err
+		}
+		if run, err = c.getRun(ctx, cl, args[0]); err != nil {
+			return err
+		}
+		return c.runEnded(run)
+	}
+}
+
+func (c *cli) getRun(ctx context.Context, cl *client.Client, runID string) (*v1.Run, error) {
+	ctx, cancel := c.call(ctx)
+	defer cancel()
+	resp, err := cl.Runs.GetRun(ctx, &v1.GetRunRequest{RunId: runID})
+	if err != nil {
+		return nil, fmt.Errorf("get run %s: %w", runID, err)
+	}
+	return resp.GetRun(), nil
+}
+
+// runEnded reports the final state; FAILED and CANCELLED exit non-zero so
+// that a launch script can tell.
+func (c *cli) runEnded(run *v1.Run) error {
+	state := enumWord(run.GetState(), "RUN_STATE_")
+	if c.output != "json" {
+		fmt.Fprintf(c.stdout, "run %s ended %s at %s\n", run.GetRunId(), state, stamp(run.GetEndedAt()))
+	}
+	switch run.GetState() {
+	case v1.RunState_RUN_STATE_FAILED, v1.RunState_RUN_STATE_CANCELLED:
+		return withExit(exitRunFailed, fmt.Errorf("run %s ended %s: %s", run.GetRunId(), state, run.GetFailureMessage()))
+	}
+	return nil
+}

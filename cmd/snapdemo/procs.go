@@ -1,0 +1,210 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// cleanEnv is this process's environment without SNAPCOORD_* variables: a
+// developer's own settings must not change the demo.
+func cleanEnv(extra ...string) []string {
+	var out []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "SNAPCOORD_") {
+			out = append(out, kv)
+		}
+	}
+	return append(out, extra...)
+}
+
+// coordinator is the snapcoord process.
+type coordinator struct {
+	cmd     *exec.Cmd
+	addr    string
+	logPath string
+	done    chan struct{}
+}
+
+// startCoordinator starts snapcoord on a free loopback port and returns
+// once it serves. Its log goes to a file, shown if the demo fails.
+func startCoordinator(ctx context.Context, bin, dir string) (*coordinator, error) {
+	c := &coordinator{logPath: filepath.Join(dir, "coordinator.log"), done: make(chan struct{})}
+	c.cmd = exec.Command(bin, "serve", "--listen", "127.0.0.1:0", "--data-dir", filepath.Join(dir, "data"),
+		"--metrics-listen", "", "--log-format", "json", "--heartbeat-interval", "1s", "--lease-ttl", "5s")
+	c.cmd.Env = cleanEnv()
+	logFile, err := os.Create(c.logPath)
+	if err != nil {
+		return nil, err
+	}
+	stderr, err := c.cmd.StderrPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := c.cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s: %w", bin, err)
+	}
+	addrs := make(chan string, 1)
+	go func() {
+		scanLog(stderr, logFile, addrs)
+		_ = c.cmd.Wait()
+		_ = logFile.Close()
+		close(c.done)
+	}()
+	select {
+	case c.addr = <-addrs:
+		return c, nil
+	case <-c.done:
+		c.dumpLog()
+		return nil, errors.New("the coordinator exited before serving")
+	case <-time.After(15 * time.Second):
+	case <-ctx.Done():
+	}
+	_ = c.stop()
+	return nil, errors.New("the coordinator did not start serving")
+}
+
+// scanLog copies the JSON log to w and sends the address of its "serving"
+// line.
+func scanLog(r io.Reader, w io.Writer, addrs chan<- string) {
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		fmt.Fprintln(w, sc.Text())
+		var rec struct{ Msg, Addr string }
+		if json.Unmarshal(sc.Bytes(), &rec) == nil && rec.Msg == "serving" && rec.Addr != "" {
+			select {
+			case addrs <- rec.Addr:
+			default:
+			}
+		}
+	}
+}
+
+// stop drains the coordinator with SIGTERM, as an operator would.
+func (c *coordinator) stop() error {
+	_ = c.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-c.done:
+	case <-time.After(15 * time.Second):
+		_ = c.cmd.Process.Kill()
+		<-c.done
+		return errors.New("the coordinator did not stop within 15 s of SIGTERM")
+	}
+	if code := c.cmd.ProcessState.ExitCode(); code != 0 {
+		return fmt.Errorf("the coordinator exited %d", code)
+	}
+	return nil
+}
+
+func (c *coordinator) dumpLog() {
+	b, err := os.ReadFile(c.logPath)
+	if err != nil {
+		return
+	}
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	fmt.Fprintf(os.Stderr, "--- coordinator log (last %d lines) ---\n%s\n", min(40, len(lines)), strings.Join(lines[max(0, len(lines)-40):], "\n"))
+}
+
+// snapctl runs snapctl against the coordinator and returns its stdout.
+func (d *demo) snapctl(ctx context.Context, args ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, d.cfg.snapctl, args...)
+	cmd.Env = cleanEnv("SNAPCOORD_ADDR="+d.addr, "SNAPCOORD_PLAINTEXT=1")
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return "", fmt.Errorf("snapctl %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
+	}
+	return stdout.String(), nil
+}
+
+// The sidecars' hooks. A snapshot takes 0.2 s, plus 0.15 s per worker
+// number, plus 0.06 s per anchor step: the environment state grows as
+// training goes on, and so does the save reserve R.
+const (
+	snapshotHook = `ms=$((200 + 150 * DEMO_WORKER + 60 * SNAPCOORD_ANCHOR_STEP))
+sleep "$((ms / 1000)).$(printf %03d $((ms % 1000)))"
+echo "saved $SNAPCOORD_SNAPSHOT_ID ($SNAPCOORD_REASON, anchor step $SNAPCOORD_ANCHOR_STEP, forced $SNAPCOORD_FORCED) in $ms ms"`
+	stopHook = `echo "stopping: $SNAPCOORD_STOP_REASON"`
+)
+
+// sidecar is one `snapctl sidecar` process.
+type sidecar struct {
+	name string
+	cmd  *exec.Cmd
+	done chan error
+}
+
+func (d *demo) startSidecars() ([]*sidecar, error) {
+	var out []*sidecar
+	for i := 1; i <= envWorkers; i++ {
+		sc, err := d.startSidecar(i)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, sc)
+	}
+	return out, nil
+}
+
+func (d *demo) startSidecar(i int) (*sidecar, error) {
+	sc := &sidecar{name: fmt.Sprintf("env-%d", i), done: make(chan error, 1)}
+	sc.cmd = exec.Command(d.cfg.snapctl, "sidecar", "--name", sc.name, "--on-snapshot", snapshotHook,
+		"--on-stop", stopHook, "--log-level", "warn")
+	sc.cmd.Env = cleanEnv("SNAPCOORD_ADDR="+d.addr, "SNAPCOORD_PLAINTEXT=1", "SNAPCOORD_RUN_ID="+runID,
+		"SNAPCOORD_RUN_TOKEN="+d.token, fmt.Sprintf("DEMO_WORKER=%d", i))
+	lines := &lineWriter{emit: func(line string) { d.out.say(sc.name, "%s", line) }}
+	sc.cmd.Stdout, sc.cmd.Stderr = lines, lines
+	if err := sc.cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start sidecar %s: %w", sc.name, err)
+	}
+	go func() { sc.done <- sc.cmd.Wait() }()
+	return sc, nil
+}
+
+// wait waits for the sidecar to exit after the run's Stop.
+func (sc *sidecar) wait(ctx context.Context) error {
+	select {
+	case err := <-sc.done:
+		if err != nil {
+			return fmt.Errorf("sidecar %s: %w", sc.name, err)
+		}
+		return nil
+	case <-ctx.Done():
+		_ = sc.cmd.Process.Signal(syscall.SIGTERM)
+		<-sc.done
+		return fmt.Errorf("sidecar %s still running: %w", sc.name, ctx.Err())
+	}
+}
+
+// lineWriter calls emit for each complete line written. exec calls Write
+// from one goroutine at a time when Stdout and Stderr are the same writer.
+type lineWriter struct {
+	mu   sync.Mutex
+	buf  []byte
+	emit func(string)
+}
+
+func (w *lineWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.buf = append(w.buf, p...)
+	for {
+		i := bytes.IndexByte(w.buf, '\n')
+		if i < 0 {
+			return len(p), nil
+		}
+		w.emit(string(w.buf[:i]))
+		w.buf = w.buf[i+1:]
+	}
+}

@@ -51,11 +51,16 @@ func (m *mut) checkpointSaved(step int64, rank int32, sec float64) error {
 		r.rec.MaxCheckpointSeconds = max(r.rec.MaxCheckpointSeconds, sec)
 		m.dirty()
 	}
+	if len(st.SavedRanks) >= int(r.rec.Run.Spec.TrainerWorldSize) {
+		st.Saved = true
+	}
+	// Put only now: a batch keeps the record as it was when put, and with
+	// deferred finalize nothing puts it again until PUBLISHED, so a Saved
+	// set after the put would be lost by a restart.
 	m.putStep(st)
-	if len(st.SavedRanks) < int(r.rec.Run.Spec.TrainerWorldSize) {
+	if !st.Saved {
 		return nil
 	}
-	st.Saved = true
 	m.event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_CHECKPOINT_SAVED, Step: step,
 		Message: fmt.Sprintf("checkpoint of step %d saved by all %d ranks (slowest %.3g s)", step, len(st.SavedRanks), st.MaxSaveSeconds)})
 	switch {

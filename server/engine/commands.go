@@ -51,22 +51,18 @@ func (e *Engine) openCursor(runID, workerID string) (*cursor, error) {
 }
 
 // next returns the commands after seq, or a channel that closes at the next
-// durable change when there are none.
-func (c *cursor) next(after int64) ([]*v1.Command, <-chan struct{}, v1.RunState, error) {
-	changed := c.r.changed() // taken first, so no change slips between the read and the wait
+// durable change when there are none. settled reports whether every command
+// issued so far is durable, and so visible to pending.
+func (c *cursor) next(after int64) (cmds []*v1.Command, changed <-chan struct{}, state v1.RunState, settled bool, err error) {
+	changed = c.r.changed() // taken first, so no change slips between the read and the wait
 	c.r.mu.Lock()
 	defer c.r.mu.Unlock()
 	if w := c.r.workers[c.workerID]; w.w.Incarnation != c.incarnation {
-		return nil, nil, 0, errorf(ErrFailedPrecondition, "worker %s re-registered (incarnation %d); this stream belongs to incarnation %d",
+		return nil, nil, 0, false, errorf(ErrFailedPrecondition, "worker %s re-registered (incarnation %d); this stream belongs to incarnation %d",
 			c.workerID, w.w.Incarnation, c.incarnation)
 	}
-	return c.r.pending(after, c.role), changed, c.r.state(), nil
-}
-
-func (c *cursor) lastSeq() int64 {
-	c.r.mu.Lock()
-	defer c.r.mu.Unlock()
-	return c.r.rec.LastCommandSeq
+	settled = c.r.durableCmd.Load() >= c.r.rec.LastCommandSeq
+	return c.r.pending(after, c.role), changed, c.r.state(), settled, nil
 }
 
 func (c *cursor) delivered(cmds []*v1.Command) {
@@ -83,7 +79,7 @@ func (e *Engine) streamCommands(ctx context.Context, req *v1.StreamCommandsReque
 	}
 	after := req.AfterSeq
 	for {
-		cmds, changed, _, err := c.next(after)
+		cmds, changed, _, _, err := c.next(after)
 		if err != nil {
 			return err
 		}
@@ -129,14 +125,27 @@ func (e *Engine) pollCommands(ctx context.Context, req *v1.PollCommandsRequest) 
 	t := e.clk.AfterFunc(wait, expire)
 	defer t.Stop()
 	for {
-		cmds, changed, state, err := c.next(req.AfterSeq)
+		cmds, changed, state, settled, err := c.next(req.AfterSeq)
 		if err != nil {
 			return nil, err
 		}
-		// A terminal run ends the wait only once its final commands (the
-		// Stop) are durable, so the caller never sees the state before them.
-		over := isTerminal(state) && c.r.durableCmd.Load() >= c.lastSeq()
-		if len(cmds) > 0 || wait <= 0 || over || waitCtx.Err() != nil {
+		if isTerminal(state) && !settled {
+			// The run ended in a commit that is not durable yet, and its
+			// Stop is in that commit. Answering the terminal state now,
+			// without the Stop, would tell the worker of an end it cannot
+			// see yet (and that a crash could still undo). So wait for that
+			// commit, already under way, whatever the poll's wait: a
+			// non-waiting poll (wait_seconds 0) or one whose wait just ran
+			// out must not answer the state either.
+			if err := e.usable(); err != nil {
+				return nil, err
+			}
+			if err := e.await(ctx, changed); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		if len(cmds) > 0 || wait <= 0 || isTerminal(state) || waitCtx.Err() != nil {
 			c.delivered(cmds)
 			return &v1.PollCommandsResponse{Commands: cmds, RunState: state}, nil
 		}

@@ -2,7 +2,9 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -24,11 +26,20 @@ type harness struct {
 	dir string
 	db  *store.DB
 	e   *Engine
+
+	opts Options // Clock defaults to clk; a wrapper of clk otherwise
 }
 
 func newHarness(t *testing.T) *harness {
 	t.Helper()
-	h := &harness{t: t, ctx: context.Background(), clk: clock.NewFake(t0), dir: t.TempDir()}
+	return newHarnessWith(t, Options{HeartbeatInterval: 5 * time.Second})
+}
+
+// newHarnessWith is newHarness with other engine options (e.g. a longer
+// heartbeat interval, so that advance can take larger steps).
+func newHarnessWith(t *testing.T, opts Options) *harness {
+	t.Helper()
+	h := &harness{t: t, ctx: context.Background(), clk: clock.NewFake(t0), dir: t.TempDir(), opts: opts}
 	h.open()
 	t.Cleanup(h.close)
 	return h
@@ -40,7 +51,11 @@ func (h *harness) open() {
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	e, err := New(h.ctx, db, Options{Clock: h.clk, HeartbeatInterval: 5 * time.Second})
+	opts := h.opts
+	if opts.Clock == nil {
+		opts.Clock = h.clk
+	}
+	e, err := New(h.ctx, db, opts)
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -168,8 +183,14 @@ func (h *harness) settle(run string) {
 	if err := h.e.wait(h.ctx, last); err != nil {
 		h.t.Fatal(err)
 	}
-	for r.durableCmd.Load() < cmd || r.durableEvent.Load() < ev {
-		<-r.changed()
+	for {
+		// Take the channel before checking, or a publish between the check
+		// and the wait would leave us waiting for a change that never comes.
+		changed := r.changed()
+		if r.durableCmd.Load() >= cmd && r.durableEvent.Load() >= ev {
+			return
+		}
+		<-changed
 	}
 }
 
@@ -201,8 +222,12 @@ func (h *harness) beat(run string, workers ...string) {
 // workers alive.
 func (h *harness) advance(d time.Duration, run string, alive ...string) {
 	h.t.Helper()
+	beat := h.opts.HeartbeatInterval
+	if beat <= 0 {
+		beat = 5 * time.Second
+	}
 	for d > 0 {
-		s := min(d, 5*time.Second)
+		s := min(d, beat)
 		h.clk.Advance(s)
 		h.beat(run, alive...)
 		d -= s
@@ -216,3 +241,104 @@ func turnSpec(ranks int32, budget string) *v1.RunSpec {
 		RolloutRecovery:  &v1.RolloutRecoverySpec{TargetLevel: v1.TargetLevel_TARGET_LEVEL_TURN},
 	}
 }
+
+// reportMsg is report with the worker's message.
+func (h *harness) reportMsg(run, worker, snap string, outcome v1.SnapshotOutcome, sec float64, msg string) error {
+	_, err := h.e.ReportSnapshot(h.ctx, &v1.ReportSnapshotRequest{RunId: run, WorkerId: worker, SnapshotId: snap,
+		Outcome: outcome, DurationSeconds: sec, Message: msg})
+	return err
+}
+
+// reportAll has every given environment worker report the same outcome.
+func (h *harness) reportAll(run string, workers []string, snap string, outcome v1.SnapshotOutcome) {
+	h.t.Helper()
+	for _, w := range workers {
+		if err := h.report(run, w, snap, outcome, 1); err != nil {
+			h.t.Fatalf("ReportSnapshot %s %s: %v", w, snap, err)
+		}
+	}
+}
+
+// commands settles the run and returns every command the worker can see.
+func (h *harness) commands(run, worker string) []*v1.Command {
+	h.t.Helper()
+	h.settle(run)
+	return h.poll(run, worker, 0)
+}
+
+// snapshots lists the run's snapshots, oldest first.
+func (h *harness) snapshots(run string) []*v1.Snapshot {
+	h.t.Helper()
+	resp, err := h.e.ListSnapshots(h.ctx, &v1.ListSnapshotsRequest{RunId: run})
+	if err != nil {
+		h.t.Fatalf("ListSnapshots: %v", err)
+	}
+	return resp.Snapshots
+}
+
+// lastSnapshot is the most recently issued snapshot; it fails the test if
+// there is none.
+func (h *harness) lastSnapshot(run string) *v1.Snapshot {
+	h.t.Helper()
+	s := h.snapshots(run)
+	if len(s) == 0 {
+		h.t.Fatal("no snapshot was issued")
+	}
+	return s[len(s)-1]
+}
+
+// eventsOf returns the run's events of one type.
+func (h *harness) eventsOf(run string, typ v1.RunEventType) []*v1.RunEvent {
+	h.t.Helper()
+	var out []*v1.RunEvent
+	for _, ev := range h.events(run) {
+		if ev.Type == typ {
+			out = append(out, ev)
+		}
+	}
+	return out
+}
+
+// wantState fails the test unless the run is in state s.
+func (h *harness) wantState(run string, s v1.RunState) *v1.Run {
+	h.t.Helper()
+	got := h.get(run)
+	if got.State != s {
+		h.t.Fatalf("run %s is %v, want %v (failure_message %q)", run, got.State, s, got.FailureMessage)
+	}
+	return got
+}
+
+// wantStopLast checks that each worker's last command is Stop and that it
+// got exactly one.
+func (h *harness) wantStopLast(run string, workers ...string) {
+	h.t.Helper()
+	for _, w := range workers {
+		cmds := h.commands(run, w)
+		stops := 0
+		for _, c := range cmds {
+			if c.GetStop() != nil {
+				stops++
+			}
+		}
+		if len(cmds) == 0 || cmds[len(cmds)-1].GetStop() == nil || stops != 1 {
+			h.t.Fatalf("worker %s: commands %v, want exactly one Stop, last", w, cmds)
+		}
+	}
+}
+
+// wantErr checks an error's kind and that its message names field.
+func wantErr(t *testing.T, err, kind error, field string) {
+	t.Helper()
+	if err == nil {
+		t.Fatalf("got no error, want %v naming %q", kind, field)
+	}
+	if !errors.Is(err, kind) {
+		t.Fatalf("error %q is not %v", err, kind)
+	}
+	if !strings.Contains(err.Error(), field) {
+		t.Fatalf("error %q does not name %q", err, field)
+	}
+}
+
+func ptr[T any](v T) *T { return &v }

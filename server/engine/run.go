@@ -227,6 +227,7 @@ func (e *Engine) publish(r *runState, p *store.Pending, cmdSeq, eventSeq int64) 
 	<-p.Done()
 	if err := p.Err(); err != nil {
 		e.fail(err)
+		r.broadcast() // waiters re-check, and a poll waiting for this commit finds the engine failed
 		return
 	}
 	raise(&r.durableCmd, cmdSeq)

@@ -251,7 +251,10 @@ func (m *mut) countFailures(s *v1.Snapshot) {
 		m.failRun("invariant failure in snapshot " + s.SnapshotId + ": " + s.Message)
 	case v1.SnapshotOutcome_SNAPSHOT_OUTCOME_IO_ERROR, v1.SnapshotOutcome_SNAPSHOT_OUTCOME_TIMEOUT:
 		r.rec.ConsecutiveFailures++
-		if r.rec.ConsecutiveFailures >= limit {
+		// Once the deadline fired, the deadline snapshot decides how the run
+		// ends (even its own I/O error only warns): a regular snapshot still
+		// in flight must not fail the run while the trainers save.
+		if r.rec.ConsecutiveFailures >= limit && !r.fired() {
 			m.failRun(fmt.Sprintf("%d consecutive snapshot failures (max_consecutive_failures %d); last: %s",
 				r.rec.ConsecutiveFailures, limit, s.Message))
 		}

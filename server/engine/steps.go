@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	storagev1 "github.com/snapcoord/snapcoord/api/snapcoord/storage/v1"
@@ -38,8 +39,11 @@ func (m *mut) completeStep(step int64, iterSeconds float64) *v1.Decision {
 		return st.Decision
 	}
 	if r.terminal() {
-		return &v1.Decision{Step: step, Action: v1.StepAction_STEP_ACTION_STOP, DecidedAt: m.ts(),
-			Inputs: r.rec.Run.Deadline, Explanation: "the run is " + stateName(r.state()) + ": stop"}
+		// Not stored, so made from what no longer changes (the end time and
+		// the final estimates): every rank gets the identical answer, before
+		// or after a restart.
+		return &v1.Decision{Step: step, Action: v1.StepAction_STEP_ACTION_STOP, DecidedAt: r.rec.Run.EndedAt,
+			Inputs: proto.Clone(r.rec.Run.Deadline).(*v1.Deadline), Explanation: "the run is " + stateName(r.state()) + ": stop"}
 	}
 	if st == nil {
 		st = &storagev1.StepRecord{Step: step}

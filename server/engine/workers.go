@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"crypto/sha256"
 	"fmt"
 	"sort"
 	"strings"
@@ -83,7 +84,7 @@ func (m *mut) register(req *v1.RegisterWorkerRequest) (*workerState, error) {
 			return nil, errorf(ErrResourceExhausted, "limit max_workers_per_run (%d) reached in run %q", m.e.opts.MaxWorkersPerRun, r.id)
 		}
 		r.rec.LastWorkerNum++
-		w = &workerState{w: &v1.Worker{WorkerId: fmt.Sprintf("w%d", r.rec.LastWorkerNum), Name: req.Name,
+		w = &workerState{w: &v1.Worker{WorkerId: workerID(r.id, r.rec.LastWorkerNum), Name: req.Name,
 			Role: req.Role, Rank: req.Rank}}
 		r.workers[w.w.WorkerId] = w
 		r.byName[w.w.Name] = w
@@ -98,6 +99,15 @@ func (m *mut) register(req *v1.RegisterWorkerRequest) (*workerState, error) {
 	m.event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_WORKER_REGISTERED, WorkerId: w.w.WorkerId,
 		Message: fmt.Sprintf("%s %q registered as %s (incarnation %d)", roleWord(w.w), w.w.Name, w.w.WorkerId, w.w.Incarnation)})
 	return w, nil
+}
+
+// workerID names a run's nth worker. The run's tag keeps ids unique across
+// runs: a bare "w<n>" would name worker n of every run, so a worker id of
+// run A used with run B would act as one of B's workers instead of being
+// NOT_FOUND there (nothing of one run may affect another).
+func workerID(runID string, n int64) string {
+	h := sha256.Sum256([]byte(runID))
+	return fmt.Sprintf("w%d-%x", n, h[:6])
 }
 
 // checkRank: a trainer's rank is within the world and not held by another

@@ -1,0 +1,500 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
+
+	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+	"github.com/snapcoord/snapcoord/server/engine"
+	"github.com/snapcoord/snapcoord/server/grpcserver"
+	"github.com/snapcoord/snapcoord/store"
+)
+
+// testTimeout bounds every test: a missed wake-up or a lost command shows as
+// a failure naming what was still awaited, never as a hung test binary.
+const testTimeout = 50 * time.Second
+
+func testContext(t *testing.T) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), testTimeout)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// ---------------------------------------------------------------------------
+// In-process coordinator: the real store, engine and gRPC server, on a fixed
+// loopback port so that a restart is seen by clients as the same address.
+
+type inproc struct {
+	t    *testing.T
+	dir  string
+	opts engine.Options
+	addr string
+
+	db     *store.DB
+	eng    *engine.Engine
+	srv    *grpcserver.Server
+	served chan error
+	logs   *syncBuffer
+}
+
+// startInproc serves a fresh data directory. opts.Clock may be a fake clock:
+// it is kept across restarts.
+func startInproc(t *testing.T, opts engine.Options) *inproc {
+	t.Helper()
+	c := &inproc{t: t, dir: t.TempDir(), opts: opts, addr: "127.0.0.1:0", logs: &syncBuffer{}}
+	c.start()
+	t.Cleanup(c.stop)
+	return c
+}
+
+func (c *inproc) start() {
+	c.t.Helper()
+	logger := slog.New(slog.NewTextHandler(c.logs, nil))
+	db, err := store.Open(filepath.Join(c.dir, "snapcoord.db"), store.Options{})
+	if err != nil {
+		c.t.Fatalf("store.Open: %v", err)
+	}
+	opts := c.opts
+	opts.Logger = logger
+	eng, err := engine.New(context.Background(), db, opts)
+	if err != nil {
+		_ = db.Close()
+		c.t.Fatalf("engine.New: %v", err)
+	}
+	srv, err := grpcserver.New(grpcserver.Config{}, eng, logger)
+	if err != nil {
+		c.t.Fatalf("grpcserver.New: %v", err)
+	}
+	lis, err := net.Listen("tcp", c.addr)
+	if err != nil {
+		c.t.Fatalf("listen %s: %v", c.addr, err)
+	}
+	c.addr = lis.Addr().String()
+	c.db, c.eng, c.srv, c.served = db, eng, srv, make(chan error, 1)
+	go func() { c.served <- srv.Serve(lis) }()
+}
+
+// stop shuts the server down gracefully (streams and polls end UNAVAILABLE),
+// then the engine and the store. Safe to call when stopped; start again is
+// a coordinator restart on the same data file and address.
+func (c *inproc) stop() {
+	if c.srv == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := c.srv.Shutdown(ctx); err != nil {
+		c.t.Errorf("Shutdown: %v", err)
+	}
+	if err := <-c.served; err != nil {
+		c.t.Errorf("Serve: %v", err)
+	}
+	c.eng.Close()
+	if err := c.db.Close(); err != nil {
+		c.t.Errorf("store Close: %v", err)
+	}
+	c.srv, c.eng, c.db = nil, nil, nil
+}
+
+// ---------------------------------------------------------------------------
+// The snapcoord binary as a child process, for SIGKILL.
+
+type proc struct {
+	t    *testing.T
+	dir  string
+	addr string // 127.0.0.1:0 until the first start
+
+	cmd    *exec.Cmd
+	logs   *logWatcher
+	exited chan struct{}
+}
+
+// startProc runs `snapcoord serve` on a fresh data directory and waits until
+// it is SERVING. Leases are long: these tests are about crashes, not leases.
+func startProc(t *testing.T) *proc {
+	t.Helper()
+	p := &proc{t: t, dir: filepath.Join(t.TempDir(), "data"), addr: "127.0.0.1:0"}
+	p.start()
+	t.Cleanup(func() {
+		if p.cmd != nil {
+			_ = p.cmd.Process.Kill()
+			<-p.exited
+		}
+	})
+	return p
+}
+
+func (p *proc) start() {
+	t := p.t
+	t.Helper()
+	p.logs, p.exited = newLogWatcher(), make(chan struct{})
+	p.cmd = exec.Command(binPath, "serve", "--listen", p.addr, "--data-dir", p.dir, "--log-format", "json",
+		"--heartbeat-interval", "5s", "--lease-ttl", "5m")
+	p.cmd.Env = envWithoutSnapcoord()
+	p.cmd.Stdout, p.cmd.Stderr = p.logs, p.logs
+	if err := p.cmd.Start(); err != nil {
+		t.Fatalf("start %s: %v", binPath, err)
+	}
+	cmd, exited := p.cmd, p.exited
+	go func() {
+		_ = cmd.Wait()
+		close(exited)
+	}()
+	select {
+	case p.addr = <-p.logs.serving:
+	case <-exited:
+		t.Fatalf("snapcoord exited before serving: %v\n%s", cmd.ProcessState, p.logs)
+	case <-time.After(30 * time.Second):
+		t.Fatalf("snapcoord did not log \"serving\" within 30s:\n%s", p.logs)
+	}
+	p.waitServing()
+}
+
+// waitServing polls the health service a bounded number of times.
+func (p *proc) waitServing() {
+	t := p.t
+	t.Helper()
+	conn, err := grpc.NewClient(p.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatalf("dial %s: %v", p.addr, err)
+	}
+	defer conn.Close()
+	health := healthpb.NewHealthClient(conn)
+	var last error
+	for range 300 {
+		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+		resp, err := health.Check(ctx, &healthpb.HealthCheckRequest{})
+		cancel()
+		if err == nil && resp.GetStatus() == healthpb.HealthCheckResponse_SERVING {
+			return
+		}
+		last = fmt.Errorf("status %v, err %v", resp.GetStatus(), err)
+		select {
+		case <-p.exited:
+			t.Fatalf("snapcoord exited while waiting for SERVING:\n%s", p.logs)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	t.Fatalf("health never SERVING (last: %v):\n%s", last, p.logs)
+}
+
+// kill is kill -9: no drain, no deferred close, nothing flushed.
+func (p *proc) kill() {
+	t := p.t
+	t.Helper()
+	if err := p.cmd.Process.Kill(); err != nil {
+		t.Fatalf("kill: %v", err)
+	}
+	<-p.exited
+	// A race report makes the process exit 66 before the kill; -1 is the
+	// signal. Anything else means it died on its own.
+	if code := p.cmd.ProcessState.ExitCode(); code != -1 {
+		t.Fatalf("snapcoord exited %d before SIGKILL:\n%s", code, p.logs)
+	}
+	if strings.Contains(p.logs.String(), "WARNING: DATA RACE") {
+		t.Fatalf("data race in snapcoord:\n%s", p.logs)
+	}
+	p.cmd = nil
+}
+
+// restart starts the binary again on the same data directory and port.
+func (p *proc) restart() {
+	p.t.Helper()
+	p.start()
+}
+
+// logWatcher collects the JSON log and reports the "serving" line's address.
+type logWatcher struct {
+	mu      sync.Mutex
+	buf     bytes.Buffer
+	partial []byte
+	serving chan string
+	sent    bool
+}
+
+func newLogWatcher() *logWatcher { return &logWatcher{serving: make(chan string, 1)} }
+
+func (w *logWatcher) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.buf.Write(p)
+	w.partial = append(w.partial, p...)
+	for {
+		line, rest, ok := bytes.Cut(w.partial, []byte("\n"))
+		if !ok {
+			break
+		}
+		w.partial = rest
+		var rec struct{ Msg, Addr string }
+		if json.Unmarshal(line, &rec) == nil && rec.Msg == "serving" && !w.sent {
+			w.sent = true
+			w.serving <- rec.Addr
+		}
+	}
+	return len(p), nil
+}
+
+func (w *logWatcher) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.buf.String()
+}
+
+// envWithoutSnapcoord keeps the developer's SNAPCOORD_* settings out of the
+// processes under test.
+func envWithoutSnapcoord() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "SNAPCOORD_") {
+			env = append(env, kv)
+		}
+	}
+	return env
+}
+
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// ---------------------------------------------------------------------------
+// Clients. A connection outlives coordinator restarts: it reconnects with a
+// short backoff, and every call waits for it to be ready, as a worker
+// process's client would.
+
+func dial(t *testing.T, addr, token string) *grpc.ClientConn {
+	t.Helper()
+	opts := []grpc.DialOption{
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 20 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 250 * time.Millisecond},
+			MinConnectTimeout: 5 * time.Second,
+		}),
+		grpc.WithDefaultCallOptions(grpc.WaitForReady(true)),
+	}
+	if token != "" {
+		b := bearer(token)
+		opts = append(opts, grpc.WithChainUnaryInterceptor(b.unary), grpc.WithChainStreamInterceptor(b.stream))
+	}
+	conn, err := grpc.NewClient(addr, opts...)
+	if err != nil {
+		t.Fatalf("dial %s: %v", addr, err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	return conn
+}
+
+// bearer sends `authorization: Bearer <run token>` with every call, the
+// WorkerService credential of DESIGN.md. An interceptor rather than per-RPC
+// credentials: grpc-go refuses those on a plaintext connection.
+type bearer string
+
+func (b bearer) ctx(ctx context.Context) context.Context {
+	return metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+string(b))
+}
+
+func (b bearer) unary(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	return invoker(b.ctx(ctx), method, req, reply, cc, opts...)
+}
+
+func (b bearer) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	return streamer(b.ctx(ctx), desc, cc, method, opts...)
+}
+
+// cluster is the clients of one coordinator address.
+type cluster struct {
+	t    *testing.T
+	addr string
+	runs v1.RunServiceClient
+}
+
+func newCluster(t *testing.T, addr string) *cluster {
+	t.Helper()
+	return &cluster{t: t, addr: addr, runs: v1.NewRunServiceClient(dial(t, addr, ""))}
+}
+
+// run is one run and the WorkerService client its workers use (its token).
+type run struct {
+	c   *cluster
+	id  string
+	tok string
+	ws  v1.WorkerServiceClient
+}
+
+func (c *cluster) createRun(ctx context.Context, id string, spec *v1.RunSpec) *run {
+	c.t.Helper()
+	resp, err := c.runs.CreateRun(ctx, &v1.CreateRunRequest{RunId: id, Spec: spec})
+	if err != nil {
+		c.t.Fatalf("CreateRun %s: %v", id, err)
+	}
+	if resp.RunToken == "" {
+		c.t.Fatalf("CreateRun %s returned no run token", id)
+	}
+	return &run{c: c, id: id, tok: resp.RunToken, ws: v1.NewWorkerServiceClient(dial(c.t, c.addr, resp.RunToken))}
+}
+
+func (r *run) get(ctx context.Context) *v1.Run {
+	r.c.t.Helper()
+	resp, err := r.c.runs.GetRun(ctx, &v1.GetRunRequest{RunId: r.id})
+	if err != nil {
+		r.c.t.Fatalf("GetRun %s: %v", r.id, err)
+	}
+	return resp.Run
+}
+
+func (r *run) snapshots(ctx context.Context) []*v1.Snapshot {
+	r.c.t.Helper()
+	resp, err := r.c.runs.ListSnapshots(ctx, &v1.ListSnapshotsRequest{RunId: r.id})
+	if err != nil {
+		r.c.t.Fatalf("ListSnapshots %s: %v", r.id, err)
+	}
+	return resp.Snapshots
+}
+
+func (r *run) workers(ctx context.Context) []*v1.Worker {
+	r.c.t.Helper()
+	resp, err := r.c.runs.ListWorkers(ctx, &v1.ListWorkersRequest{RunId: r.id})
+	if err != nil {
+		r.c.t.Fatalf("ListWorkers %s: %v", r.id, err)
+	}
+	return resp.Workers
+}
+
+// events returns the run's whole durable event log.
+func (r *run) events(ctx context.Context) []*v1.RunEvent {
+	r.c.t.Helper()
+	stream, err := r.c.runs.WatchRun(ctx, &v1.WatchRunRequest{RunId: r.id, NoFollow: true})
+	if err != nil {
+		r.c.t.Fatalf("WatchRun %s: %v", r.id, err)
+	}
+	var evs []*v1.RunEvent
+	for {
+		resp, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return evs
+		}
+		if err != nil {
+			r.c.t.Fatalf("WatchRun %s: %v", r.id, err)
+		}
+		evs = append(evs, resp.Event)
+	}
+}
+
+func (r *run) register(ctx context.Context, role v1.WorkerRole, name string, rank int32) *v1.RegisterWorkerResponse {
+	r.c.t.Helper()
+	resp, err := r.ws.RegisterWorker(ctx, &v1.RegisterWorkerRequest{RunId: r.id, Role: role, Name: name, Rank: rank})
+	if err != nil {
+		r.c.t.Fatalf("RegisterWorker %s/%s: %v", r.id, name, err)
+	}
+	return resp
+}
+
+func (r *run) trainers(ctx context.Context, n int) []string {
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = r.register(ctx, v1.WorkerRole_WORKER_ROLE_TRAINER, fmt.Sprintf("rank-%d", i), int32(i)).WorkerId
+	}
+	return ids
+}
+
+func (r *run) envs(ctx context.Context, n int) []string {
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = r.register(ctx, v1.WorkerRole_WORKER_ROLE_ENVIRONMENT, fmt.Sprintf("env-%d", i), 0).WorkerId
+	}
+	return ids
+}
+
+// stepAll has every rank complete step at once and checks that they were
+// all told the identical decision, which it returns.
+func (r *run) stepAll(ctx context.Context, ranks []string, step int64, iterSeconds float64) *v1.Decision {
+	t := r.c.t
+	t.Helper()
+	decisions := make([]*v1.Decision, len(ranks))
+	errs := make([]error, len(ranks))
+	var wg sync.WaitGroup
+	for i, id := range ranks {
+		wg.Go(func() {
+			resp, err := r.ws.CompleteStep(ctx, &v1.CompleteStepRequest{RunId: r.id, WorkerId: id, Step: step, IterationSeconds: iterSeconds})
+			decisions[i], errs[i] = resp.GetDecision(), err
+		})
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("CompleteStep(step %d) by %s: %v", step, ranks[i], err)
+		}
+		if decisions[i] == nil || decisions[i].Step != step {
+			t.Fatalf("CompleteStep(step %d) by %s: decision %v", step, ranks[i], decisions[i])
+		}
+	}
+	for i := range decisions {
+		if !protoEqual(decisions[i], decisions[0]) {
+			t.Fatalf("step %d: rank %s was told %v, rank %s was told %v", step, ranks[i], decisions[i], ranks[0], decisions[0])
+		}
+	}
+	return decisions[0]
+}
+
+func (r *run) step(ctx context.Context, rank string, step int64, iterSeconds float64) *v1.Decision {
+	r.c.t.Helper()
+	resp, err := r.ws.CompleteStep(ctx, &v1.CompleteStepRequest{RunId: r.id, WorkerId: rank, Step: step, IterationSeconds: iterSeconds})
+	if err != nil {
+		r.c.t.Fatalf("CompleteStep(step %d) by %s: %v", step, rank, err)
+	}
+	return resp.Decision
+}
+
+func (r *run) saved(ctx context.Context, rank string, step int64, seconds float64) {
+	r.c.t.Helper()
+	_, err := r.ws.ReportCheckpoint(ctx, &v1.ReportCheckpointRequest{RunId: r.id, WorkerId: rank, Step: step,
+		Phase: v1.CheckpointPhase_CHECKPOINT_PHASE_SAVED, SaveSeconds: seconds})
+	if err != nil {
+		r.c.t.Fatalf("ReportCheckpoint(step %d SAVED) by %s: %v", step, rank, err)
+	}
+}
+
+func (r *run) reportSnapshot(ctx context.Context, worker, snapID string, outcome v1.SnapshotOutcome) error {
+	_, err := r.ws.ReportSnapshot(ctx, &v1.ReportSnapshotRequest{RunId: r.id, WorkerId: worker, SnapshotId: snapID,
+		Outcome: outcome, DurationSeconds: 1.5})
+	return err
+}
+
+func (r *run) heartbeat(ctx context.Context, worker string) {
+	r.c.t.Helper()
+	if _, err := r.ws.Heartbeat(ctx, &v1.HeartbeatRequest{RunId: r.id, WorkerId: worker}); err != nil {
+		r.c.t.Fatalf("Heartbeat %s: %v", worker, err)
+	}
+}

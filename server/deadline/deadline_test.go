@@ -1,0 +1,113 @@
+package deadline
+
+import (
+	"math"
+	"strings"
+	"testing"
+	"time"
+)
+
+var _ Policy = Max{}
+
+func f64(v float64) *float64 { return &v }
+
+func TestMaxEstimate(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		o    Observations
+		want Estimates
+	}{
+		{"nothing recorded, no priors", Observations{}, Estimates{}},
+		{"priors until measured",
+			Observations{MaxIterationSeconds: 40, ExpectedCheckpointSeconds: f64(120), ExpectedSnapshotSeconds: f64(60), MarginSeconds: 30},
+			Estimates{Iteration: 40, Checkpoint: 120, Reserve: 60, Margin: 30}},
+		{"a measured checkpoint replaces the prior, even a smaller one",
+			Observations{CheckpointSeconds: 20, CheckpointMeasured: true, ExpectedCheckpointSeconds: f64(120)},
+			Estimates{Checkpoint: 20}},
+		{"a measured zero-second checkpoint still replaces the prior",
+			Observations{CheckpointSeconds: 0, CheckpointMeasured: true, ExpectedCheckpointSeconds: f64(120)},
+			Estimates{Checkpoint: 0}},
+		{"an unmeasured checkpoint value is ignored",
+			Observations{CheckpointSeconds: 99, ExpectedCheckpointSeconds: f64(5)},
+			Estimates{Checkpoint: 5}},
+		{"saved snapshots replace the prior, even smaller ones",
+			Observations{SavedSnapshotSeconds: []float64{3}, ExpectedSnapshotSeconds: f64(60)},
+			Estimates{Reserve: 3}},
+		{"R is the max of the window, wherever it sits",
+			Observations{SavedSnapshotSeconds: []float64{4, 17.5, 2}},
+			Estimates{Reserve: 17.5}},
+		{"R is the max of the window, last",
+			Observations{SavedSnapshotSeconds: []float64{4, 2, 9}},
+			Estimates{Reserve: 9}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := (Max{}).Estimate(tc.o); got != tc.want {
+				t.Errorf("Estimate = %+v, want %+v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestEstimatesSums(t *testing.T) {
+	e := Estimates{Iteration: 1, Checkpoint: 2, Reserve: 4, Margin: 8}
+	if e.Save() != 14 || e.Total() != 15 {
+		t.Errorf("Save %v Total %v, want 14 and 15", e.Save(), e.Total())
+	}
+}
+
+func TestDecideBoundary(t *testing.T) {
+	b := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	est := Estimates{Iteration: 600, Checkpoint: 120, Reserve: 60, Margin: 30} // 810 s
+	total := 810 * time.Second
+
+	at := b.Add(-total)
+	if v := (Max{}).Decide(at, b, est); !v.Fire {
+		t.Errorf("now+I+C+R+M == B: did not fire (%s)", v.Explanation)
+	} else if !strings.Contains(v.Explanation, ">= B") {
+		t.Errorf("fire explanation %q", v.Explanation)
+	}
+	if v := (Max{}).Decide(at.Add(-time.Nanosecond), b, est); v.Fire {
+		t.Errorf("now+I+C+R+M == B - 1ns: fired (%s)", v.Explanation)
+	} else if !strings.Contains(v.Explanation, "< B") {
+		t.Errorf("continue explanation %q", v.Explanation)
+	}
+	if v := (Max{}).Decide(b.Add(time.Hour), b, est); !v.Fire {
+		t.Error("after B: did not fire")
+	}
+	if v := (Max{}).Decide(b.Add(-time.Hour), b, Estimates{}); v.Fire {
+		t.Error("an hour before B with nothing to save: fired")
+	}
+}
+
+func TestFiresAt(t *testing.T) {
+	b := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	est := Estimates{Iteration: 600, Checkpoint: 120, Reserve: 60, Margin: 30}
+	p := Max{}
+	fa := p.FiresAt(b, est)
+	if want := b.Add(-810 * time.Second); !fa.Equal(want) {
+		t.Errorf("FiresAt = %v, want %v", fa, want)
+	}
+	// FiresAt is the earliest completion time at which Decide fires.
+	if !p.Decide(fa, b, est).Fire || p.Decide(fa.Add(-time.Nanosecond), b, est).Fire {
+		t.Error("FiresAt disagrees with Decide")
+	}
+	// Before the first step there is no iteration to wait for.
+	if got, want := p.PreStepFiresAt(b, est), b.Add(-210*time.Second); !got.Equal(want) {
+		t.Errorf("PreStepFiresAt = %v, want %v", got, want)
+	}
+	// Fractional seconds count.
+	if got, want := p.PreStepFiresAt(b, Estimates{Reserve: 1.5}), b.Add(-1500*time.Millisecond); !got.Equal(want) {
+		t.Errorf("PreStepFiresAt(R=1.5) = %v, want %v", got, want)
+	}
+}
+
+func TestSecondsSaturates(t *testing.T) {
+	if got := Seconds(1.25); got != 1250*time.Millisecond {
+		t.Errorf("Seconds(1.25) = %v", got)
+	}
+	for _, s := range []float64{1e300, math.Inf(1), float64(math.MaxInt64)} {
+		if got := Seconds(s); got != time.Duration(math.MaxInt64) {
+			t.Errorf("Seconds(%g) = %v, want saturation", s, got)
+		}
+	}
+}

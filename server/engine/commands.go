@@ -79,9 +79,12 @@ func (e *Engine) streamCommands(ctx context.Context, req *v1.StreamCommandsReque
 	}
 	after := req.AfterSeq
 	for {
-		cmds, changed, _, _, err := c.next(after)
+		cmds, changed, state, settled, err := c.next(after)
 		if err != nil {
 			return err
+		}
+		if len(cmds) == 0 && isTerminal(state) && settled {
+			return nil // the run is over and this worker already has its Stop
 		}
 		for _, cmd := range cmds {
 			if err := send(cmd); err != nil {

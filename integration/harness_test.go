@@ -148,7 +148,7 @@ func (p *proc) start() {
 	t := p.t
 	t.Helper()
 	p.logs, p.exited = newLogWatcher(), make(chan struct{})
-	p.cmd = exec.Command(binPath, "serve", "--listen", p.addr, "--data-dir", p.dir, "--log-format", "json",
+	p.cmd = exec.Command(binPath, "serve", "--listen", p.addr, "--data-dir", p.dir, "--metrics-listen", "", "--log-format", "json",
 		"--heartbeat-interval", "5s", "--lease-ttl", "5m")
 	p.cmd.Env = envWithoutSnapcoord()
 	p.cmd.Stdout, p.cmd.Stderr = p.logs, p.logs

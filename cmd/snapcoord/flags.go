@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
+	"net"
 	"strings"
 	"time"
 )
@@ -25,7 +27,43 @@ type serveConfig struct {
 	lockTimeout       time.Duration
 	logFormat         string
 	logLevel          slog.Level
+
+	// Security.
+	adminTokenFile string
+	insecure       bool
+	tlsCert        string
+	tlsKey         string
+	clientCA       string
+	reflection     string
+
+	// Operability.
+	metricsListen string
+	pprof         bool
+
+	// Limits.
+	maxRecvMsgSize       int
+	maxConcurrentStreams uint
+	maxRuns              int
+	maxWorkersPerRun     int
+	maxEventsPerRun      int
+	keepaliveMinTime     time.Duration
+	keepaliveTime        time.Duration
+	keepaliveTimeout     time.Duration
+	maxConnectionIdle    time.Duration
+	permitPingsNoStream  bool
 }
+
+// adminTokenEnv holds one admin token. It is a variable, not a flag, so the
+// secret never shows in the process list.
+const adminTokenEnv = envPrefix + "ADMIN_TOKEN"
+
+// Values of --reflection.
+const (
+	reflectionAuto = "auto" // open on a loopback address, admin elsewhere
+	reflectionOpen = "open"
+	reflectionAuth = "auth"
+	reflectionOff  = "off"
+)
 
 func newServeFlags(cfg *serveConfig) *flag.FlagSet {
 	fs := flag.NewFlagSet("snapcoord serve", flag.ContinueOnError)
@@ -37,6 +75,27 @@ func newServeFlags(cfg *serveConfig) *flag.FlagSet {
 	fs.DurationVar(&cfg.lockTimeout, "lock-timeout", time.Second, "how long to wait for another process to release the data directory")
 	fs.StringVar(&cfg.logFormat, "log-format", "text", "log `format`: text or json")
 	fs.TextVar(&cfg.logLevel, "log-level", slog.LevelInfo, "log `level`: debug, info, warn or error")
+
+	fs.StringVar(&cfg.adminTokenFile, "admin-token-file", "", "`file` of admin tokens for RunService, one per line (several for rotation); with none here or in "+adminTokenEnv+", RunService is open")
+	fs.BoolVar(&cfg.insecure, "insecure", false, "allow listening on a non-loopback address with no admin token (RunService open to anyone who can connect), or --pprof on a non-loopback --metrics-listen")
+	fs.StringVar(&cfg.tlsCert, "tls-cert", "", "PEM certificate `file` for TLS (with --tls-key)")
+	fs.StringVar(&cfg.tlsKey, "tls-key", "", "PEM private key `file` for TLS (with --tls-cert)")
+	fs.StringVar(&cfg.clientCA, "client-ca", "", "PEM CA `file`: require client certificates signed by it (mutual TLS; needs --tls-cert)")
+	fs.StringVar(&cfg.reflection, "reflection", reflectionAuto, "server reflection: open, auth (admin token), off, or auto (open on a loopback --listen, auth otherwise)")
+
+	fs.StringVar(&cfg.metricsListen, "metrics-listen", "127.0.0.1:7071", "HTTP `address` serving Prometheus /metrics (and /debug/pprof/ with --pprof); empty disables it")
+	fs.BoolVar(&cfg.pprof, "pprof", false, "serve /debug/pprof/ on --metrics-listen")
+
+	fs.IntVar(&cfg.maxRecvMsgSize, "max-recv-msg-size", 1<<20, "largest request message accepted, in `bytes`; larger ones get RESOURCE_EXHAUSTED")
+	fs.UintVar(&cfg.maxConcurrentStreams, "max-concurrent-streams", 1024, "RPCs open at once on one client connection")
+	fs.IntVar(&cfg.maxRuns, "max-runs", 10000, "runs the coordinator keeps; CreateRun beyond it gets RESOURCE_EXHAUSTED")
+	fs.IntVar(&cfg.maxWorkersPerRun, "max-workers-per-run", 10000, "workers one run may register; more get RESOURCE_EXHAUSTED")
+	fs.IntVar(&cfg.maxEventsPerRun, "max-events-per-run", 100000, "events kept per run; the oldest are dropped beyond it")
+	fs.DurationVar(&cfg.keepaliveMinTime, "keepalive-min-time", 10*time.Second, "shortest client keepalive ping interval tolerated; clients pinging more often are disconnected")
+	fs.BoolVar(&cfg.permitPingsNoStream, "keepalive-permit-without-stream", true, "tolerate client keepalive pings on connections with no open RPC")
+	fs.DurationVar(&cfg.keepaliveTime, "keepalive-time", 30*time.Second, "ping a client connection silent this long, to notice dead workers")
+	fs.DurationVar(&cfg.keepaliveTimeout, "keepalive-timeout", 10*time.Second, "close a connection whose ping is not answered within this")
+	fs.DurationVar(&cfg.maxConnectionIdle, "max-connection-idle", 0, "close connections with no RPC for this long; 0 never does")
 	return fs
 }
 
@@ -93,8 +152,71 @@ func (c serveConfig) validate() error {
 		return fmt.Errorf("--lease-ttl (%s) must be longer than --heartbeat-interval (%s)", c.leaseTTL, c.heartbeatInterval)
 	case c.dataDir == "":
 		return fmt.Errorf("--data-dir (%s) must not be empty", envName("data-dir"))
+	case (c.tlsCert == "") != (c.tlsKey == ""):
+		return errors.New("--tls-cert and --tls-key must be given together")
+	case c.clientCA != "" && c.tlsCert == "":
+		return errors.New("--client-ca (mutual TLS) needs --tls-cert and --tls-key")
+	case c.reflection != reflectionAuto && c.reflection != reflectionOpen && c.reflection != reflectionAuth && c.reflection != reflectionOff:
+		return fmt.Errorf("--reflection (%s) must be auto, open, auth or off, not %q", envName("reflection"), c.reflection)
+	case c.pprof && c.metricsListen == "":
+		return errors.New("--pprof needs --metrics-listen")
+	case c.maxRecvMsgSize <= 0, c.maxRuns <= 0, c.maxWorkersPerRun <= 0, c.maxEventsPerRun <= 0:
+		return errors.New("--max-recv-msg-size, --max-runs, --max-workers-per-run and --max-events-per-run must be positive")
+	case c.maxConcurrentStreams == 0 || c.maxConcurrentStreams > math.MaxUint32:
+		return fmt.Errorf("--max-concurrent-streams must be between 1 and %d", uint32(math.MaxUint32))
+	case c.keepaliveMinTime <= 0, c.keepaliveTime <= 0, c.keepaliveTimeout <= 0, c.maxConnectionIdle < 0:
+		return errors.New("--keepalive-min-time, --keepalive-time and --keepalive-timeout must be positive, --max-connection-idle not negative")
 	}
 	return nil
+}
+
+// checkExposure refuses to put an open RunService (no admin token) or
+// pprof on a non-loopback address unless --insecure says that is meant.
+func (c serveConfig) checkExposure(adminTokens int) error {
+	if c.insecure {
+		return nil
+	}
+	if adminTokens == 0 && !isLoopback(c.listen) {
+		return fmt.Errorf("refusing to listen on %s: no admin token is configured, so anyone who can reach that address "+
+			"could create, change and cancel runs. Configure an admin token (--admin-token-file or %s), listen on a "+
+			"loopback address (127.0.0.1, ::1, localhost), or pass --insecure to accept an open RunService", c.listen, adminTokenEnv)
+	}
+	if c.pprof && !isLoopback(c.metricsListen) {
+		return fmt.Errorf("refusing to serve /debug/pprof/ on %s, a non-loopback address: profiles and the command line "+
+			"would be open to anyone who can reach it. Use a loopback --metrics-listen or pass --insecure", c.metricsListen)
+	}
+	return nil
+}
+
+// isLoopback reports whether a listen address only accepts local
+// connections. An empty host (all interfaces) or any name but localhost
+// counts as not loopback.
+func isLoopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	host, _, _ = strings.Cut(host, "%") // a zone, as in fe80::1%eth0
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// reflectionAccess resolves --reflection: whether to serve reflection and
+// whether anyone may use it.
+func (c serveConfig) reflectionAccess() (serve, open bool) {
+	switch c.reflection {
+	case reflectionOff:
+		return false, false
+	case reflectionAuth:
+		return true, false
+	case reflectionOpen:
+		return true, true
+	default:
+		return true, isLoopback(c.listen)
+	}
 }
 
 func printServeUsage(w io.Writer, fs *flag.FlagSet) {
@@ -102,4 +224,12 @@ func printServeUsage(w io.Writer, fs *flag.FlagSet) {
 	fs.SetOutput(w)
 	fs.PrintDefaults()
 	fs.SetOutput(io.Discard)
+	fmt.Fprintf(w, `
+environment:
+  %s
+	one admin token (in addition to --admin-token-file); kept out of the command line
+  OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_EXPORTER_OTLP_TRACES_ENDPOINT
+	export traces with OTLP/gRPC (off when neither is set); the other
+	standard OTEL_EXPORTER_OTLP_* and OTEL_RESOURCE_ATTRIBUTES variables apply
+`, adminTokenEnv)
 }

@@ -98,7 +98,7 @@ type serverProc struct {
 func startServer(t *testing.T, dataDir string) *serverProc {
 	t.Helper()
 	p := &serverProc{logs: newLogWatcher(), exited: make(chan struct{})}
-	p.cmd = exec.Command(binPath, "serve", "--listen", "127.0.0.1:0", "--data-dir", dataDir, "--log-format", "json")
+	p.cmd = exec.Command(binPath, "serve", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--data-dir", dataDir, "--log-format", "json")
 	p.cmd.Env = envWithoutSnapcoord()
 	p.cmd.Stdout, p.cmd.Stderr = p.logs, p.logs
 	if err := p.cmd.Start(); err != nil {

@@ -25,7 +25,7 @@ func TestServeLockRestart(t *testing.T) {
 	t.Run("second instance fails at once", func(t *testing.T) {
 		ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 		defer cancel()
-		cmd := exec.CommandContext(ctx, binPath, "serve", "--listen", "127.0.0.1:0", "--data-dir", dataDir, "--lock-timeout", "300ms")
+		cmd := exec.CommandContext(ctx, binPath, "serve", "--listen", "127.0.0.1:0", "--metrics-listen", "", "--data-dir", dataDir, "--lock-timeout", "300ms")
 		cmd.Env = envWithoutSnapcoord()
 		start := time.Now()
 		out, err := cmd.CombinedOutput()

@@ -51,15 +51,22 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 var version = ""
 
 func versionString() string {
-	v, goVersion := version, "unknown"
+	goVersion := "unknown"
 	if bi, ok := debug.ReadBuildInfo(); ok {
 		goVersion = bi.GoVersion
-		if v == "" {
-			v = bi.Main.Version
-		}
+	}
+	return fmt.Sprintf("snapcoord %s %s", moduleVersion(), goVersion)
+}
+
+// moduleVersion is the release version, the module version from the build
+// info, or "(devel)".
+func moduleVersion() string {
+	v := version
+	if bi, ok := debug.ReadBuildInfo(); ok && v == "" {
+		v = bi.Main.Version
 	}
 	if v == "" {
 		v = "(devel)"
 	}
-	return fmt.Sprintf("snapcoord %s %s", v, goVersion)
+	return v
 }

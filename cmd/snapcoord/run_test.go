@@ -100,7 +100,7 @@ func TestServeInProcessStopsOnCancel(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	logs := newLogWatcher()
-	args := []string{"--listen", "127.0.0.1:0", "--data-dir", t.TempDir(), "--log-format", "json"}
+	args := []string{"--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--data-dir", t.TempDir(), "--log-format", "json"}
 	done := make(chan int, 1)
 	go func() { done <- runServe(ctx, args, noEnv, logs, logs) }()
 

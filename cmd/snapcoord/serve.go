@@ -8,11 +8,20 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
+	"sync"
+	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+
+	"github.com/snapcoord/snapcoord/server/auth"
 	"github.com/snapcoord/snapcoord/server/engine"
 	"github.com/snapcoord/snapcoord/server/grpcserver"
+	"github.com/snapcoord/snapcoord/server/telemetry"
 	"github.com/snapcoord/snapcoord/store"
 )
 
@@ -30,11 +39,41 @@ func runServe(ctx context.Context, args []string, lookupEnv func(string) (string
 		printServeUsage(stderr, fs)
 		return exitUsage
 	}
-	if err := serve(ctx, cfg, newLogger(cfg, stderr)); err != nil {
+	tokens, err := adminTokens(cfg, lookupEnv)
+	if err != nil {
+		fmt.Fprintf(stderr, "snapcoord serve: %v\n", err)
+		return exitUsage
+	}
+	if err := cfg.checkExposure(len(tokens)); err != nil {
+		fmt.Fprintf(stderr, "snapcoord serve: %v\n", err)
+		return exitUsage
+	}
+	if err := serve(ctx, cfg, tokens, lookupEnv, newLogger(cfg, stderr)); err != nil {
 		fmt.Fprintf(stderr, "snapcoord serve: %v\n", err)
 		return exitFail
 	}
 	return exitOK
+}
+
+// adminTokens gathers the admin tokens from --admin-token-file and
+// SNAPCOORD_ADMIN_TOKEN. Errors never quote a token.
+func adminTokens(cfg serveConfig, lookupEnv func(string) (string, bool)) ([]string, error) {
+	var tokens []string
+	if cfg.adminTokenFile != "" {
+		t, err := auth.ReadAdminTokens(cfg.adminTokenFile)
+		if err != nil {
+			return nil, err
+		}
+		tokens = t
+	}
+	if v, ok := lookupEnv(adminTokenEnv); ok && strings.TrimSpace(v) != "" {
+		tok := strings.TrimSpace(v)
+		if err := auth.CheckAdminToken(tok); err != nil {
+			return nil, fmt.Errorf("%s: %w", adminTokenEnv, err)
+		}
+		tokens = append(tokens, tok)
+	}
+	return tokens, nil
 }
 
 func newLogger(cfg serveConfig, w io.Writer) *slog.Logger {
@@ -46,9 +85,15 @@ func newLogger(cfg serveConfig, w io.Writer) *slog.Logger {
 }
 
 // serve runs the coordinator until ctx ends, then drains it. Resources are
-// released in reverse order of acquisition: server, engine, store.
-func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
-	db, err := openStore(cfg)
+// released in reverse order of acquisition: listeners and server, engine,
+// store, telemetry (which the store and engine report to until closed).
+func serve(ctx context.Context, cfg serveConfig, adminTokens []string, lookupEnv func(string) (string, bool), log *slog.Logger) error {
+	tel, err := telemetry.New(ctx, telemetry.Options{Logger: log, ServiceVersion: moduleVersion(), LookupEnv: lookupEnv})
+	if err != nil {
+		return err
+	}
+	defer shutdownTelemetry(tel, log)
+	db, err := openStore(cfg, tel.OnCommit)
 	if err != nil {
 		return err
 	}
@@ -57,12 +102,19 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
 		Logger:            log,
 		HeartbeatInterval: cfg.heartbeatInterval,
 		LeaseTTL:          cfg.leaseTTL,
+		MaxRuns:           cfg.maxRuns,
+		MaxWorkersPerRun:  cfg.maxWorkersPerRun,
+		MaxEventsPerRun:   cfg.maxEventsPerRun,
+		Observer:          tel,
 	})
 	if err != nil {
 		return fmt.Errorf("load state from %s: %w", cfg.dataDir, err)
 	}
 	defer eng.Close()
-	srv, err := grpcserver.New(grpcserver.Config{}, eng, log)
+	if err := tel.ObserveEngine(eng.Stats); err != nil {
+		return err
+	}
+	srv, err := newGRPCServer(cfg, adminTokens, eng, tel, log)
 	if err != nil {
 		return err
 	}
@@ -70,16 +122,148 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
+	stopMetrics, err := serveMetrics(cfg, tel, log)
+	if err != nil {
+		_ = lis.Close()
+		return err
+	}
+	defer stopMetrics()
+	ticker := time.NewTicker(healthPollInterval)
+	defer ticker.Stop()
+	stopHealth := startHealthWatch(eng, srv, ticker.C)
+	defer stopHealth()
 	return serveUntilDone(ctx, cfg, srv, lis, log)
+}
+
+// newGRPCServer assembles the interceptor chain around grpcserver's own
+// (drain, validation, recovery), in go-grpc-middleware's examples/server
+// order: the otelgrpc stats handler sees everything, then logging (so a
+// refused call is logged with its code), then authentication.
+func newGRPCServer(cfg serveConfig, adminTokens []string, eng *engine.Engine, tel *telemetry.Telemetry, log *slog.Logger) (*grpcserver.Server, error) {
+	serveReflection, openReflection := cfg.reflectionAccess()
+	authn, err := auth.New(auth.Options{AdminTokens: adminTokens, Runs: eng, OpenReflection: openReflection})
+	if err != nil {
+		return nil, err
+	}
+	opts := []grpc.ServerOption{grpc.StatsHandler(tel.StatsHandler())}
+	tlsMode := "off"
+	if cfg.tlsCert != "" {
+		tc, err := auth.ServerTLSConfig(cfg.tlsCert, cfg.tlsKey, cfg.clientCA)
+		if err != nil {
+			return nil, err
+		}
+		opts = append(opts, grpc.Creds(credentials.NewTLS(tc)))
+		tlsMode = "tls"
+		if cfg.clientCA != "" {
+			tlsMode = "mutual"
+		}
+	}
+	reflectionMode := "off"
+	if serveReflection {
+		reflectionMode = auth.Admin.String()
+		if openReflection {
+			reflectionMode = auth.Open.String()
+		}
+	}
+	log.Info("security", "admin_tokens", len(adminTokens), "tls", tlsMode, "reflection", reflectionMode,
+		"traces_exported", tel.TracesExported())
+	if len(adminTokens) == 0 {
+		log.Warn("no admin token configured: RunService is open to anyone who can connect")
+	} else if tlsMode == "off" && !isLoopback(cfg.listen) {
+		log.Warn("serving without TLS on a non-loopback address: tokens cross the network in clear text")
+	}
+	return grpcserver.New(grpcserver.Config{
+		MaxRecvMsgSize:           cfg.maxRecvMsgSize,
+		MaxConcurrentStreams:     uint32(cfg.maxConcurrentStreams),
+		KeepaliveMinTime:         cfg.keepaliveMinTime,
+		RejectPingsWithoutStream: !cfg.permitPingsNoStream,
+		MaxConnectionIdle:        cfg.maxConnectionIdle,
+		KeepaliveTime:            cfg.keepaliveTime,
+		KeepaliveTimeout:         cfg.keepaliveTimeout,
+		DisableReflection:        !serveReflection,
+		UnaryInterceptors:        []grpc.UnaryServerInterceptor{telemetry.RPCLoggingUnary(log), authn.UnaryServerInterceptor()},
+		StreamInterceptors:       []grpc.StreamServerInterceptor{telemetry.RPCLoggingStream(log), authn.StreamServerInterceptor()},
+		ServerOptions:            opts,
+	}, eng, log)
+}
+
+// serveMetrics serves /metrics (and pprof) on --metrics-listen until the
+// returned function is called.
+func serveMetrics(cfg serveConfig, tel *telemetry.Telemetry, log *slog.Logger) (stop func(), err error) {
+	if cfg.metricsListen == "" {
+		return func() {}, nil
+	}
+	lis, err := net.Listen("tcp", cfg.metricsListen)
+	if err != nil {
+		return nil, fmt.Errorf("metrics listen: %w", err)
+	}
+	hs := &http.Server{
+		Handler:           tel.Handler(cfg.pprof),
+		ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := hs.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("metrics server failed", "err", err)
+		}
+	}()
+	log.Info("metrics listening", "addr", lis.Addr().String(), "pprof", cfg.pprof)
+	return func() {
+		// Scrapes are short; a profile in progress is cut off.
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		if err := hs.Shutdown(ctx); err != nil {
+			_ = hs.Close()
+		}
+		<-done
+	}, nil
+}
+
+// healthPollInterval is how often serve asks the engine whether it can
+// still commit.
+const healthPollInterval = time.Second
+
+// startHealthWatch turns NOT_SERVING for good once the engine reports that
+// a store commit failed. It stops when the returned function is first called.
+func startHealthWatch(eng interface{ Healthy() error }, srv interface{ MarkUnhealthy(error) }, tick <-chan time.Time) (stop func()) {
+	quit, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-quit:
+				return
+			case <-tick:
+				if err := eng.Healthy(); err != nil {
+					srv.MarkUnhealthy(err)
+					return
+				}
+			}
+		}
+	}()
+	return sync.OnceFunc(func() {
+		close(quit)
+		<-done
+	})
+}
+
+func shutdownTelemetry(tel *telemetry.Telemetry, log *slog.Logger) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := tel.Shutdown(ctx); err != nil {
+		log.Warn("telemetry shutdown", "err", err)
+	}
 }
 
 // openStore opens the data file. A second coordinator on the same directory
 // fails here within --lock-timeout, with an error naming the directory.
-func openStore(cfg serveConfig) (*store.DB, error) {
+func openStore(cfg serveConfig, onCommit func(int, time.Duration)) (*store.DB, error) {
 	if err := os.MkdirAll(cfg.dataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("create data directory: %w", err)
 	}
-	db, err := store.Open(filepath.Join(cfg.dataDir, storeFile), store.Options{LockTimeout: cfg.lockTimeout})
+	db, err := store.Open(filepath.Join(cfg.dataDir, storeFile), store.Options{LockTimeout: cfg.lockTimeout, OnCommit: onCommit})
 	if err != nil {
 		return nil, fmt.Errorf("open store: %w", err)
 	}

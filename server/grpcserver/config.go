@@ -32,6 +32,11 @@ type Config struct {
 	// before closing the connection. Default 10s.
 	KeepaliveTimeout time.Duration
 
+	// DisableReflection leaves server reflection unregistered. It is on by
+	// default so that grpcurl works with no proto files; who may use it is
+	// the auth interceptor's business.
+	DisableReflection bool
+
 	// The slots below are for the cross-cutting layers added outside this
 	// package (auth, per-RPC logging, OpenTelemetry) so that they need no
 	// change here. Interceptors listed here run, in order, outside the

@@ -36,10 +36,11 @@ type Server struct {
 	drain  *drainer
 	log    *slog.Logger
 
-	mu       sync.Mutex
-	stopping bool
-	stopOnce sync.Once
-	stopped  chan struct{} // closed once the gRPC server has fully stopped
+	mu        sync.Mutex
+	stopping  bool
+	unhealthy bool // MarkUnhealthy was called: never SERVING again
+	stopOnce  sync.Once
+	stopped   chan struct{} // closed once the gRPC server has fully stopped
 }
 
 // New builds a server answering RunService and WorkerService from eng. It
@@ -63,7 +64,9 @@ func newServer(cfg Config, logger *slog.Logger, register func(grpc.ServiceRegist
 	s.grpc = grpc.NewServer(s.options(cfg, validator)...)
 	register(s.grpc)
 	healthpb.RegisterHealthServer(s.grpc, s.health)
-	reflection.Register(s.grpc)
+	if !cfg.DisableReflection {
+		reflection.Register(s.grpc)
+	}
 	s.setHealth(healthpb.HealthCheckResponse_NOT_SERVING)
 	return s, nil
 }
@@ -111,7 +114,9 @@ func (s *Server) Serve(lis net.Listener) error {
 		_ = lis.Close()
 		return nil
 	}
-	s.setHealth(healthpb.HealthCheckResponse_SERVING)
+	if !s.unhealthy {
+		s.setHealth(healthpb.HealthCheckResponse_SERVING)
+	}
 	s.mu.Unlock()
 	err := s.grpc.Serve(lis)
 	// ErrServerStopped means Shutdown won the race with the line above: the
@@ -128,14 +133,18 @@ func (s *Server) Serve(lis net.Listener) error {
 // returns ctx's error. It is safe to call more than once and concurrently.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.stopOnce.Do(s.beginStop)
-	select {
-	case <-s.stopped:
-		return nil
-	case <-ctx.Done():
-		s.grpc.Stop()
-		<-s.stopped
-		return fmt.Errorf("grpcserver: drain cut short: %w", ctx.Err())
+	// A ctx already done leaves no time to drain: checked first, because
+	// when both are ready select picks at random.
+	if ctx.Err() == nil {
+		select {
+		case <-s.stopped:
+			return nil
+		case <-ctx.Done():
+		}
 	}
+	s.grpc.Stop()
+	<-s.stopped
+	return fmt.Errorf("grpcserver: drain cut short: %w", ctx.Err())
 }
 
 // beginStop reports NOT_SERVING, ends long-lived RPCs and starts the
@@ -152,6 +161,21 @@ func (s *Server) beginStop() {
 		s.grpc.GracefulStop()
 		close(s.stopped)
 	}()
+}
+
+// MarkUnhealthy reports NOT_SERVING from now on, for good: the caller saw
+// that the coordinator cannot do its job (its store cannot commit) and only
+// a restart helps. RPCs keep being answered, with UNAVAILABLE from the
+// engine, so clients are told why.
+func (s *Server) MarkUnhealthy(cause error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.unhealthy {
+		return
+	}
+	s.unhealthy = true
+	s.setHealth(healthpb.HealthCheckResponse_NOT_SERVING)
+	s.log.Error("health: reporting NOT_SERVING until restarted", "err", cause)
 }
 
 func (s *Server) setHealth(st healthpb.HealthCheckResponse_ServingStatus) {

@@ -1,0 +1,111 @@
+package telemetry
+
+import (
+	"context"
+	"log/slog"
+
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors"
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+)
+
+// RPC log fields beyond go-grpc-middleware's own (grpc.service,
+// grpc.method, grpc.code, grpc.time_ms, peer.address, ...).
+const (
+	FieldRunID    = "run_id"
+	FieldWorkerID = "worker_id"
+)
+
+// slogLogger adapts slog to go-grpc-middleware's logging.Logger, as its
+// examples do.
+func slogLogger(l *slog.Logger) logging.Logger {
+	return logging.LoggerFunc(func(ctx context.Context, lvl logging.Level, msg string, fields ...any) {
+		l.Log(ctx, slog.Level(lvl), msg, fields...)
+	})
+}
+
+// loggingOptions log one line per finished RPC. Payloads are never logged
+// (a CreateRun response carries the run token), and neither is metadata
+// (the authorization header): only the fields listed above and the ids
+// taken from the request.
+func loggingOptions() []logging.Option {
+	return []logging.Option{
+		logging.WithLogOnEvents(logging.FinishCall),
+		logging.WithLevels(rpcLevel),
+		logging.WithFieldsFromContextAndCallMeta(func(_ context.Context, c interceptors.CallMeta) logging.Fields {
+			return requestFields(c.ReqOrNil)
+		}),
+	}
+}
+
+// rpcLevel is go-grpc-middleware's server mapping, except that a refused
+// credential is a warning, like a refused permission: an operator watching
+// warnings sees probing and misconfigured workers.
+func rpcLevel(code codes.Code) logging.Level {
+	if code == codes.Unauthenticated {
+		return logging.LevelWarn
+	}
+	return logging.DefaultServerCodeToLevel(code)
+}
+
+// RPCLoggingUnary logs each finished unary RPC: method, code, duration and
+// the request's run_id and worker_id.
+func RPCLoggingUnary(l *slog.Logger) grpc.UnaryServerInterceptor {
+	return logging.UnaryServerInterceptor(slogLogger(l), loggingOptions()...)
+}
+
+// RPCLoggingStream logs each finished streaming RPC. A stream's request
+// arrives after the interceptor starts, so its ids are added to the line's
+// fields when the handler receives it.
+func RPCLoggingStream(l *slog.Logger) grpc.StreamServerInterceptor {
+	log := logging.StreamServerInterceptor(slogLogger(l), loggingOptions()...)
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		return log(srv, ss, info, func(srv any, ss grpc.ServerStream) error {
+			return handler(srv, &fieldsStream{ServerStream: ss})
+		})
+	}
+}
+
+// fieldsStream adds the ids of the first received request to the fields
+// the logging interceptor put in the stream's context.
+type fieldsStream struct {
+	grpc.ServerStream
+	done bool
+}
+
+func (s *fieldsStream) RecvMsg(m any) error {
+	err := s.ServerStream.RecvMsg(m)
+	if err == nil && !s.done {
+		s.done = true
+		if f := requestFields(m); len(f) > 0 {
+			// AddFields mutates the fields the logging interceptor reads
+			// when the call finishes; RecvMsg is called from the handler's
+			// goroutine only, before that.
+			logging.AddFields(s.Context(), f)
+		}
+	}
+	return err
+}
+
+// maxFieldLen bounds a logged id: the logging interceptor runs before
+// validation, so a hostile client could send a huge one.
+const maxFieldLen = 160
+
+func requestFields(req any) logging.Fields {
+	var f logging.Fields
+	if r, ok := req.(interface{ GetRunId() string }); ok && r.GetRunId() != "" {
+		f = append(f, FieldRunID, truncate(r.GetRunId()))
+	}
+	if r, ok := req.(interface{ GetWorkerId() string }); ok && r.GetWorkerId() != "" {
+		f = append(f, FieldWorkerID, truncate(r.GetWorkerId()))
+	}
+	return f
+}
+
+func truncate(s string) string {
+	if len(s) <= maxFieldLen {
+		return s
+	}
+	return s[:maxFieldLen] + "..."
+}

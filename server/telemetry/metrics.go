@@ -1,0 +1,202 @@
+package telemetry
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/otlptranslator"
+	"go.opentelemetry.io/otel/attribute"
+	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
+	"go.opentelemetry.io/otel/metric"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/resource"
+
+	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+	"github.com/snapcoord/snapcoord/server/engine"
+)
+
+// Instrument names, in OpenTelemetry form. The Prometheus exporter turns
+// dots into underscores and adds the unit and _total suffixes, so
+// snapcoord.decisions is scraped as snapcoord_decisions_total and
+// snapcoord.store.commit.duration as snapcoord_store_commit_duration_seconds.
+const (
+	MetricRuns                = "snapcoord.runs"
+	MetricWorkers             = "snapcoord.workers"
+	MetricCommandsIssued      = "snapcoord.commands.issued"
+	MetricCommandDelivery     = "snapcoord.command.delivery.duration"
+	MetricSnapshotDuration    = "snapcoord.snapshot.duration"
+	MetricDecisions           = "snapcoord.decisions"
+	MetricDeadlineFires       = "snapcoord.deadline.fires"
+	MetricStoreCommitDuration = "snapcoord.store.commit.duration"
+	MetricStoreCommitBatches  = "snapcoord.store.commit.batches"
+)
+
+// Bucket boundaries, in seconds (batches for the last). Commands wait for
+// a stream or a poll, snapshots take up to snapshot_timeout_s (600 s by
+// default), a commit is two fsyncs.
+var (
+	deliveryBuckets = []float64{0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300}
+	snapshotBuckets = []float64{0.1, 0.5, 1, 5, 10, 30, 60, 120, 300, 600, 1200, 3600}
+	commitBuckets   = []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5}
+	batchBuckets    = []float64{1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096}
+)
+
+// metrics owns the meter provider, its Prometheus registry and the
+// snapcoord instruments.
+type metrics struct {
+	provider *sdkmetric.MeterProvider
+	registry *prometheus.Registry
+
+	commandsIssued   metric.Int64Counter
+	commandDelivery  metric.Float64Histogram
+	snapshotDuration metric.Float64Histogram
+	decisions        metric.Int64Counter
+	deadlineFires    metric.Int64Counter
+	commitDuration   metric.Float64Histogram
+	commitBatches    metric.Int64Histogram
+
+	runs    metric.Int64ObservableGauge
+	workers metric.Int64ObservableGauge
+}
+
+func newMetrics(res *resource.Resource) (*metrics, error) {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	exp, err := otelprom.New(
+		otelprom.WithRegisterer(reg),
+		otelprom.WithTranslationStrategy(otlptranslator.UnderscoreEscapingWithSuffixes),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("telemetry: prometheus exporter: %w", err)
+	}
+	m := &metrics{
+		provider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(exp), sdkmetric.WithResource(res)),
+		registry: reg,
+	}
+	if err := m.instruments(m.provider.Meter(scope)); err != nil {
+		_ = m.provider.Shutdown(context.Background())
+		return nil, fmt.Errorf("telemetry: create instruments: %w", err)
+	}
+	return m, nil
+}
+
+func (m *metrics) instruments(meter metric.Meter) error {
+	var err error
+	try := func(e error) {
+		if err == nil {
+			err = e
+		}
+	}
+	var e error
+	m.commandsIssued, e = meter.Int64Counter(MetricCommandsIssued, metric.WithUnit("{command}"),
+		metric.WithDescription("Commands appended to a run's command log, by kind."))
+	try(e)
+	m.commandDelivery, e = meter.Float64Histogram(MetricCommandDelivery, metric.WithUnit("s"),
+		metric.WithDescription("Time from a command's issue to its sending on a stream or return by a poll, by kind."),
+		metric.WithExplicitBucketBoundaries(deliveryBuckets...))
+	try(e)
+	m.snapshotDuration, e = meter.Float64Histogram(MetricSnapshotDuration, metric.WithUnit("s"),
+		metric.WithDescription("Environment snapshot duration (issue to last report), by reason and outcome."),
+		metric.WithExplicitBucketBoundaries(snapshotBuckets...))
+	try(e)
+	m.decisions, e = meter.Int64Counter(MetricDecisions, metric.WithUnit("{decision}"),
+		metric.WithDescription("Step decisions made (once per run and step), by action."))
+	try(e)
+	m.deadlineFires, e = meter.Int64Counter(MetricDeadlineFires, metric.WithUnit("{fire}"),
+		metric.WithDescription("Deadlines fired, by kind (step, pre_step, manual)."))
+	try(e)
+	m.commitDuration, e = meter.Float64Histogram(MetricStoreCommitDuration, metric.WithUnit("s"),
+		metric.WithDescription("Duration of one bbolt group commit, fsyncs included."),
+		metric.WithExplicitBucketBoundaries(commitBuckets...))
+	try(e)
+	m.commitBatches, e = meter.Int64Histogram(MetricStoreCommitBatches, metric.WithUnit("{batch}"),
+		metric.WithDescription("Batches (mutations) carried by one group commit."),
+		metric.WithExplicitBucketBoundaries(batchBuckets...))
+	try(e)
+	m.runs, e = meter.Int64ObservableGauge(MetricRuns, metric.WithUnit("{run}"),
+		metric.WithDescription("Runs known to the coordinator, by state."))
+	try(e)
+	m.workers, e = meter.Int64ObservableGauge(MetricWorkers, metric.WithUnit("{worker}"),
+		metric.WithDescription("Workers of all runs, by role and state."))
+	try(e)
+	return err
+}
+
+// observeStats registers the gauges' callback. Every state is reported,
+// zeros included, so a dashboard's series do not vanish when a count drops
+// to zero.
+func (m *metrics) observeStats(stats func() engine.Stats) (metric.Registration, error) {
+	meter := m.provider.Meter(scope)
+	return meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		s := stats()
+		for _, st := range enumValues(v1.RunState_name) {
+			state := v1.RunState(st)
+			o.ObserveInt64(m.runs, int64(s.Runs[state]), metric.WithAttributes(attribute.String("state", RunStateLabel(state))))
+		}
+		for _, ro := range enumValues(v1.WorkerRole_name) {
+			role := v1.WorkerRole(ro)
+			for _, ws := range enumValues(v1.WorkerState_name) {
+				state := v1.WorkerState(ws)
+				o.ObserveInt64(m.workers, int64(s.Workers[role][state]), metric.WithAttributes(
+					attribute.String("role", label(role.String(), "WORKER_ROLE_")),
+					attribute.String("state", label(state.String(), "WORKER_STATE_"))))
+			}
+		}
+		return nil
+	}, m.runs, m.workers)
+}
+
+// enumValues lists an enum's values but UNSPECIFIED (0).
+func enumValues(names map[int32]string) []int32 {
+	var vals []int32
+	for v := range names {
+		if v != 0 {
+			vals = append(vals, v)
+		}
+	}
+	return vals
+}
+
+// label turns RUN_STATE_RUNNING into "running": short, Prometheus-style.
+func label(name, prefix string) string {
+	return strings.ToLower(strings.TrimPrefix(name, prefix))
+}
+
+// RunStateLabel is the "state" attribute value of a run state.
+func RunStateLabel(s v1.RunState) string { return label(s.String(), "RUN_STATE_") }
+
+func attrs(kv ...attribute.KeyValue) metric.MeasurementOption {
+	return metric.WithAttributeSet(attribute.NewSet(kv...))
+}
+
+func (m *metrics) decision(a v1.StepAction) {
+	m.decisions.Add(context.Background(), 1, attrs(attribute.String("action", label(a.String(), "STEP_ACTION_"))))
+}
+
+func (m *metrics) deadlineFired(k v1.DeadlineFireKind) {
+	m.deadlineFires.Add(context.Background(), 1, attrs(attribute.String("kind", label(k.String(), "DEADLINE_FIRE_KIND_"))))
+}
+
+func (m *metrics) commandIssued(kind string) {
+	m.commandsIssued.Add(context.Background(), 1, attrs(attribute.String("kind", kind)))
+}
+
+func (m *metrics) commandDelivered(kind string, latency time.Duration) {
+	m.commandDelivery.Record(context.Background(), max(latency.Seconds(), 0), attrs(attribute.String("kind", kind)))
+}
+
+func (m *metrics) snapshotCompleted(reason v1.SnapshotReason, outcome v1.SnapshotOutcome, seconds float64) {
+	m.snapshotDuration.Record(context.Background(), seconds, attrs(
+		attribute.String("reason", label(reason.String(), "SNAPSHOT_REASON_")),
+		attribute.String("outcome", label(outcome.String(), "SNAPSHOT_OUTCOME_"))))
+}
+
+func (m *metrics) committed(batches int, d time.Duration) {
+	ctx := context.Background()
+	m.commitDuration.Record(ctx, d.Seconds())
+	m.commitBatches.Record(ctx, int64(batches))
+}

@@ -1,0 +1,379 @@
+package telemetry
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
+	"go.uber.org/goleak"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+	"github.com/snapcoord/snapcoord/server/engine"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+const secret = "scr_do-not-log-this-token"
+
+type fakeWorkers struct {
+	v1.UnimplementedWorkerServiceServer
+}
+
+func (fakeWorkers) Heartbeat(context.Context, *v1.HeartbeatRequest) (*v1.HeartbeatResponse, error) {
+	return &v1.HeartbeatResponse{}, nil
+}
+
+func (fakeWorkers) CompleteStep(context.Context, *v1.CompleteStepRequest) (*v1.CompleteStepResponse, error) {
+	return nil, status.Error(codes.FailedPrecondition, "the run is stopped")
+}
+
+func (fakeWorkers) StreamCommands(_ *v1.StreamCommandsRequest, s grpc.ServerStreamingServer[v1.StreamCommandsResponse]) error {
+	return s.Send(&v1.StreamCommandsResponse{Command: &v1.Command{Seq: 1}})
+}
+
+// serveWorkers serves fakeWorkers with opts and returns a client and a
+// function that stops the server once every RPC, interceptors included,
+// has finished.
+func serveWorkers(t *testing.T, opts ...grpc.ServerOption) (v1.WorkerServiceClient, func()) {
+	t.Helper()
+	srv := grpc.NewServer(opts...)
+	v1.RegisterWorkerServiceServer(srv, fakeWorkers{})
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = srv.Serve(lis) }()
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := sync.OnceFunc(func() {
+		_ = conn.Close()
+		srv.GracefulStop()
+	})
+	t.Cleanup(stop)
+	return v1.NewWorkerServiceClient(conn), stop
+}
+
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+func TestOneLogLinePerRPCWithIDsAndNoToken(t *testing.T) {
+	logs := &syncBuffer{}
+	log := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	c, stop := serveWorkers(t, grpc.UnaryInterceptor(RPCLoggingUnary(log)), grpc.StreamInterceptor(RPCLoggingStream(log)))
+	ctx := metadata.AppendToOutgoingContext(t.Context(), "authorization", "Bearer "+secret)
+
+	if _, err := c.Heartbeat(ctx, &v1.HeartbeatRequest{RunId: "run-1", WorkerId: "w-1"}); err != nil {
+		t.Fatalf("Heartbeat: %v", err)
+	}
+	if _, err := c.CompleteStep(ctx, &v1.CompleteStepRequest{RunId: "run-1", WorkerId: "w-2", Step: 3}); status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("CompleteStep: %v", err)
+	}
+	stream, err := c.StreamCommands(ctx, &v1.StreamCommandsRequest{RunId: "run-1", WorkerId: "w-3"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for err == nil {
+		_, err = stream.Recv()
+	}
+	if err != io.EOF {
+		t.Fatalf("StreamCommands: %v", err)
+	}
+	// A call's line is written when its handler returns, which the client
+	// may not wait for: the graceful stop does.
+	stop()
+	lines := parseLines(t, logs.String())
+
+	want := map[string]struct{ code, worker string }{
+		"Heartbeat":      {"OK", "w-1"},
+		"CompleteStep":   {"FailedPrecondition", "w-2"},
+		"StreamCommands": {"OK", "w-3"},
+	}
+	for _, l := range lines {
+		if l["msg"] != "finished call" {
+			t.Errorf("unexpected line %v: want only finished-call lines", l)
+			continue
+		}
+		method, _ := l["grpc.method"].(string)
+		w, ok := want[method]
+		if !ok {
+			t.Errorf("line for unexpected method %q", method)
+			continue
+		}
+		delete(want, method)
+		if l["grpc.code"] != w.code || l[FieldRunID] != "run-1" || l[FieldWorkerID] != w.worker || l["grpc.time_ms"] == nil {
+			t.Errorf("%s line = %v; want code %s, run_id run-1, worker_id %s and grpc.time_ms", method, l, w.code, w.worker)
+		}
+	}
+	if len(lines) != 3 || len(want) > 0 {
+		t.Errorf("%d lines, none for %v", len(lines), want)
+	}
+	if strings.Contains(logs.String(), secret) {
+		t.Errorf("the token appears in the logs:\n%s", logs)
+	}
+}
+
+func parseLines(t *testing.T, logs string) []map[string]any {
+	t.Helper()
+	var lines []map[string]any
+	sc := bufio.NewScanner(strings.NewReader(logs))
+	for sc.Scan() {
+		var m map[string]any
+		if err := json.Unmarshal(sc.Bytes(), &m); err != nil {
+			t.Fatalf("not JSON: %s", sc.Text())
+		}
+		lines = append(lines, m)
+	}
+	return lines
+}
+
+func newTelemetry(t *testing.T, env map[string]string) *Telemetry {
+	t.Helper()
+	tel, err := New(t.Context(), Options{LookupEnv: func(k string) (string, bool) { v, ok := env[k]; return v, ok }})
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := tel.Shutdown(context.Background()); err != nil {
+			t.Errorf("Shutdown: %v", err)
+		}
+	})
+	return tel
+}
+
+func scrape(t *testing.T, h http.Handler) map[string]*dto.MetricFamily {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	if rec.Code != http.StatusOK {
+		t.Fatalf("GET /metrics: %d %s", rec.Code, rec.Body)
+	}
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(rec.Body)
+	if err != nil {
+		t.Fatalf("parse /metrics: %v", err)
+	}
+	return fams
+}
+
+// value returns the value of the series of family name with labels (a
+// subset match), summing counters and histogram counts over matches.
+func value(fams map[string]*dto.MetricFamily, name string, labels map[string]string) (float64, bool) {
+	f := fams[name]
+	if f == nil {
+		return 0, false
+	}
+	var sum float64
+	found := false
+outer:
+	for _, m := range f.GetMetric() {
+		got := map[string]string{}
+		for _, lp := range m.GetLabel() {
+			got[lp.GetName()] = lp.GetValue()
+		}
+		for k, v := range labels {
+			if got[k] != v {
+				continue outer
+			}
+		}
+		found = true
+		switch {
+		case m.GetCounter() != nil:
+			sum += m.GetCounter().GetValue()
+		case m.GetGauge() != nil:
+			sum += m.GetGauge().GetValue()
+		case m.GetHistogram() != nil:
+			sum += float64(m.GetHistogram().GetSampleCount())
+		}
+	}
+	return sum, found
+}
+
+func TestMetricsExposeTheNamedSeries(t *testing.T) {
+	tel := newTelemetry(t, nil)
+	err := tel.ObserveEngine(func() engine.Stats {
+		return engine.Stats{
+			Runs: map[v1.RunState]int{v1.RunState_RUN_STATE_RUNNING: 2, v1.RunState_RUN_STATE_STOPPED: 1},
+			Workers: map[v1.WorkerRole]map[v1.WorkerState]int{
+				v1.WorkerRole_WORKER_ROLE_TRAINER: {v1.WorkerState_WORKER_STATE_LIVE: 8},
+			},
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var obs engine.Observer = tel
+	obs.Decision(v1.StepAction_STEP_ACTION_CONTINUE)
+	obs.Decision(v1.StepAction_STEP_ACTION_CONTINUE)
+	obs.Decision(v1.StepAction_STEP_ACTION_SAVE_AND_STOP)
+	obs.DeadlineFired(v1.DeadlineFireKind_DEADLINE_FIRE_KIND_STEP)
+	obs.CommandIssued("save_at_deadline")
+	obs.CommandDelivered("save_at_deadline", 30*time.Millisecond)
+	obs.SnapshotCompleted(v1.SnapshotReason_SNAPSHOT_REASON_DEADLINE, v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SAVED, 12.5)
+	tel.OnCommit(3, 2*time.Millisecond)
+
+	fams := scrape(t, tel.Handler(false))
+	checks := []struct {
+		name   string
+		labels map[string]string
+		want   float64
+	}{
+		{"snapcoord_runs", map[string]string{"state": "running"}, 2},
+		{"snapcoord_runs", map[string]string{"state": "stopped"}, 1},
+		{"snapcoord_runs", map[string]string{"state": "cancelled"}, 0},
+		{"snapcoord_workers", map[string]string{"role": "trainer", "state": "live"}, 8},
+		{"snapcoord_workers", map[string]string{"role": "environment", "state": "live"}, 0},
+		{"snapcoord_decisions_total", map[string]string{"action": "continue"}, 2},
+		{"snapcoord_decisions_total", map[string]string{"action": "save_and_stop"}, 1},
+		{"snapcoord_deadline_fires_total", map[string]string{"kind": "step"}, 1},
+		{"snapcoord_commands_issued_total", map[string]string{"kind": "save_at_deadline"}, 1},
+		{"snapcoord_command_delivery_duration_seconds", map[string]string{"kind": "save_at_deadline"}, 1},
+		{"snapcoord_snapshot_duration_seconds", map[string]string{"reason": "deadline", "outcome": "saved"}, 1},
+		{"snapcoord_store_commit_duration_seconds", nil, 1},
+		{"snapcoord_store_commit_batches", nil, 1},
+	}
+	for _, c := range checks {
+		got, ok := value(fams, c.name, c.labels)
+		if !ok || got != c.want {
+			t.Errorf("%s%v = %v (found %v), want %v", c.name, c.labels, got, ok, c.want)
+		}
+	}
+	if h := fams["snapcoord_snapshot_duration_seconds"].GetMetric()[0].GetHistogram(); h.GetSampleSum() != 12.5 {
+		t.Errorf("snapshot duration sum = %v, want 12.5", h.GetSampleSum())
+	}
+	if _, ok := fams["go_goroutines"]; !ok {
+		t.Error("no Go runtime metrics")
+	}
+}
+
+func TestPprofOnlyWhenAsked(t *testing.T) {
+	tel := newTelemetry(t, nil)
+	for _, path := range []string{"/debug/pprof/", "/debug/pprof/goroutine?debug=1", "/debug/pprof/cmdline"} {
+		for _, on := range []bool{false, true} {
+			rec := httptest.NewRecorder()
+			tel.Handler(on).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+			if want := map[bool]int{false: http.StatusNotFound, true: http.StatusOK}[on]; rec.Code != want {
+				t.Errorf("pprof %v: GET %s = %d, want %d", on, path, rec.Code, want)
+			}
+			if on && path == "/debug/pprof/" && !strings.Contains(rec.Body.String(), "goroutine") {
+				t.Errorf("pprof index lists no goroutine profile:\n%s", rec.Body)
+			}
+		}
+	}
+}
+
+// collector is a fake OTLP trace receiver.
+type collector struct {
+	coltracepb.UnimplementedTraceServiceServer
+	mu    sync.Mutex
+	names []string
+}
+
+func (c *collector) Export(_ context.Context, req *coltracepb.ExportTraceServiceRequest) (*coltracepb.ExportTraceServiceResponse, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, rs := range req.GetResourceSpans() {
+		for _, ss := range rs.GetScopeSpans() {
+			for _, s := range ss.GetSpans() {
+				c.names = append(c.names, s.GetName())
+			}
+		}
+	}
+	return &coltracepb.ExportTraceServiceResponse{}, nil
+}
+
+func (c *collector) spanNames() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]string(nil), c.names...)
+}
+
+func TestTracesOffWithoutEndpoint(t *testing.T) {
+	if tel := newTelemetry(t, map[string]string{"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}); tel.TracesExported() {
+		t.Error("traces exported with no OTLP endpoint set")
+	}
+	if tel := newTelemetry(t, map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1", "OTEL_TRACES_EXPORTER": "none"}); tel.TracesExported() {
+		t.Error("traces exported with OTEL_TRACES_EXPORTER=none")
+	}
+}
+
+func TestTracesExportedWithOTLP(t *testing.T) {
+	col := &collector{}
+	srv := grpc.NewServer()
+	coltracepb.RegisterTraceServiceServer(srv, col)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = srv.Serve(lis) }()
+	defer srv.Stop()
+	// The exporter reads its endpoint from the process environment.
+	endpoint := "http://" + lis.Addr().String()
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
+
+	tel, err := New(t.Context(), Options{LookupEnv: func(k string) (string, bool) {
+		if k == "OTEL_EXPORTER_OTLP_ENDPOINT" {
+			return endpoint, true
+		}
+		return "", false
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !tel.TracesExported() {
+		t.Fatal("traces not exported with OTEL_EXPORTER_OTLP_ENDPOINT set")
+	}
+	c, stop := serveWorkers(t, grpc.StatsHandler(tel.StatsHandler()))
+	if _, err := c.Heartbeat(t.Context(), &v1.HeartbeatRequest{RunId: "r", WorkerId: "w"}); err != nil {
+		t.Fatal(err)
+	}
+	tel.OnCommit(2, time.Millisecond)
+	tel.Decision(v1.StepAction_STEP_ACTION_SAVE_AND_STOP)
+	tel.DeadlineFired(v1.DeadlineFireKind_DEADLINE_FIRE_KIND_STEP)
+	stop() // the server span ends after the client has its answer
+	// Shutdown flushes the batch processor: the spans are exported by the
+	// time it returns.
+	if err := tel.Shutdown(t.Context()); err != nil {
+		t.Fatalf("Shutdown: %v", err)
+	}
+	got := strings.Join(col.spanNames(), ",")
+	for _, want := range []string{"snapcoord.v1.WorkerService/Heartbeat", "store.commit", "deadline.decision", "deadline.fire"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("exported spans %q lack %q", got, want)
+		}
+	}
+}

@@ -1,0 +1,134 @@
+# snapcoord: build, test and verification entry points.
+#
+# Every tool is pinned by a tool module under tools/ and run with
+# `go tool -modfile=tools/X/go.mod NAME`; the first use downloads and builds it
+# from the Go module proxy (buf takes a few minutes cold), later uses are fast.
+# Run every target from the repository root. `make help` lists the targets.
+
+SHELL := bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := build
+MAKEFLAGS += --no-builtin-rules --no-print-directory
+
+GO ?= go
+
+# Use the Go on PATH; never download another toolchain behind the user's back.
+export GOTOOLCHAIN ?= local
+# GOFLAGS from the environment is respected (e.g. -buildvcs=false), except
+# -modfile and -mod=vendor: they would apply to the tool modules too and break
+# them. The root module needs no vendor directory; go.mod stays read-only.
+override GOFLAGS := $(strip $(filter-out -modfile=% -mod=%,$(GOFLAGS)) -mod=readonly)
+export GOFLAGS
+
+BUF         := $(GO) tool -modfile=tools/buf/go.mod buf
+STATICCHECK := $(GO) tool -modfile=tools/lint/go.mod staticcheck
+
+# The vulnerability database is the Go module golang.org/x/vulndb at a pinned
+# version (its data/osv/ holds the OSV entries); govulncheck's online database
+# is not reachable here. Update the version deliberately, like any dependency.
+VULNDB_VERSION := v0.0.0-20261105234957-e22db6528018
+VULNDB_DIR     := .cache/vulndb/$(VULNDB_VERSION)
+
+# Where buf breaking compares from. See verify-breaking.
+BREAKING_BRANCH ?= main
+
+.PHONY: help build run test generate verify verify-generated verify-buf-lint \
+	verify-breaking verify-fmt verify-vet verify-tidy lint vuln e2e tools clean demo
+
+help: ## List the targets.
+	@grep -E '^[a-z0-9-]+:.*## ' $(firstword $(MAKEFILE_LIST)) | \
+		sed -E 's/^([a-z0-9-]+):.*## (.*)/  \1\t\2/' | expand -t 20
+
+build: ## Build the binaries into bin/.
+	$(GO) build -o bin/ ./cmd/...
+
+run: build ## Run the coordinator with its defaults (127.0.0.1:7070, data in ./data).
+	./bin/snapcoord serve
+
+test: ## Run all tests with the race detector.
+	$(GO) test -race -count=1 -timeout 15m ./...
+
+generate: ## Regenerate api/ from proto/ (removes the old generated files first).
+	if [ -d api ]; then find api -name '*.pb.go' -delete; find api -mindepth 1 -type d -empty -delete; fi
+	$(BUF) generate
+
+# verify runs every check (-k) and fails if any of them failed.
+verify: ## Check generated code, protos, formatting, vet and go.mod tidiness.
+	@$(MAKE) -k verify-generated verify-buf-lint verify-breaking verify-fmt verify-vet verify-tidy
+	@echo "verify: all checks passed"
+
+verify-generated: ## api/ matches a fresh buf generate (generated in a temporary directory).
+	@tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	$(BUF) generate -o "$$tmp"; \
+	if ! diff -ru api "$$tmp/api"; then \
+		echo "verify-generated: api/ is out of date with proto/: run 'make generate' and commit the result" >&2; \
+		exit 1; \
+	fi; \
+	echo "verify-generated: api/ is up to date"
+
+verify-buf-lint: ## buf lint and buf format.
+	$(BUF) lint
+	$(BUF) format --diff --exit-code
+
+# On a clone whose current commit is main this compares main with itself, so it
+# only catches uncommitted changes; on a feature branch it checks the branch
+# against main. Where no local branch main exists (detached or single-branch
+# checkouts) the check is skipped, loudly.
+verify-breaking: ## buf breaking against the local branch main.
+	@if [ ! -d .git ] || ! git rev-parse --verify --quiet 'refs/heads/$(BREAKING_BRANCH)' >/dev/null; then \
+		echo "verify-breaking: SKIPPED: no local branch '$(BREAKING_BRANCH)' to compare with (detached or non-git checkout)"; \
+		exit 0; \
+	fi; \
+	if [ "$$(git rev-parse HEAD)" = "$$(git rev-parse 'refs/heads/$(BREAKING_BRANCH)')" ]; then \
+		echo "verify-breaking: HEAD is the same commit as $(BREAKING_BRANCH): only uncommitted proto changes can show up"; \
+	fi; \
+	$(BUF) breaking --against '.git#branch=$(BREAKING_BRANCH)'; \
+	echo "verify-breaking: no breaking change against $(BREAKING_BRANCH)"
+
+verify-fmt: ## gofmt -l lists nothing (tracked and new files, .gitignore respected).
+	@files=$$(git ls-files -co --exclude-standard -- '*.go' | while read -r f; do if [ -f "$$f" ]; then echo "$$f"; fi; done); \
+	bad=$$(if [ -n "$$files" ]; then gofmt -l $$files; fi); \
+	if [ -n "$$bad" ]; then echo "verify-fmt: not gofmt'ed (run gofmt -w):" >&2; echo "$$bad" >&2; exit 1; fi; \
+	echo "verify-fmt: ok"
+
+verify-vet: ## go vet ./...
+	$(GO) vet ./...
+
+verify-tidy: ## go mod tidy would change nothing in the root module.
+	$(GO) mod tidy -diff
+
+lint: ## go vet and staticcheck.
+	$(GO) vet ./...
+	$(STATICCHECK) ./...
+
+# The local database is built once per VULNDB_VERSION under .cache/ (git-ignored),
+# into a temporary directory first so an interrupted build leaves nothing behind.
+$(VULNDB_DIR)/index/db.json:
+	@echo "vuln: building the local vulnerability database from golang.org/x/vulndb@$(VULNDB_VERSION)"
+	@src=$$(cd / && $(GO) mod download -json golang.org/x/vulndb@$(VULNDB_VERSION) | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$$/\1/p'); \
+	if [ ! -d "$$src/data/osv" ]; then echo "vuln: golang.org/x/vulndb@$(VULNDB_VERSION) has no data/osv" >&2; exit 1; fi; \
+	rm -rf '$(VULNDB_DIR).tmp'; mkdir -p '$(VULNDB_DIR).tmp'; \
+	$(GO) run golang.org/x/vulndb/cmd/indexdb@$(VULNDB_VERSION) -vulns "$$src/data/osv" -out '$(VULNDB_DIR).tmp'; \
+	rm -rf '$(VULNDB_DIR)'; mv '$(VULNDB_DIR).tmp' '$(VULNDB_DIR)'
+
+# scripts/govulncheck.sh runs govulncheck and fails on any called vulnerability
+# not listed, with a reason, in scripts/govulncheck-allow.txt.
+vuln: $(VULNDB_DIR)/index/db.json ## govulncheck against the pinned local vulnerability database.
+	scripts/govulncheck.sh 'file://$(CURDIR)/$(VULNDB_DIR)' ./...
+
+e2e: build ## Start bin/snapcoord and run the README's grpcurl examples against it.
+	SNAPCOORD_BIN=bin/snapcoord scripts/e2e-grpcurl.sh
+
+demo: build ## Live demo (~40 s): 2 trainer ranks, 3 sidecars; fails unless the deadline save beats B.
+	./bin/snapdemo --snapcoord bin/snapcoord --snapctl bin/snapctl
+
+tools: ## Download and build every pinned tool (buf takes minutes the first time).
+	$(GO) tool -modfile=tools/protoc/go.mod -n protoc-gen-go >/dev/null
+	$(GO) tool -modfile=tools/protoc/go.mod -n protoc-gen-go-grpc >/dev/null
+	$(GO) tool -modfile=tools/lint/go.mod -n staticcheck >/dev/null
+	$(GO) tool -modfile=tools/lint/go.mod -n govulncheck >/dev/null
+	$(GO) tool -modfile=tools/lint/go.mod -n grpcurl >/dev/null
+	$(GO) tool -modfile=tools/buf/go.mod -n buf >/dev/null
+
+clean: ## Remove bin/. Leaves data/ (coordinator state) and .cache/ alone.
+	rm -rf bin/

@@ -118,9 +118,10 @@ type series struct {
 func (s series) String() string { return fmt.Sprintf("%s%v", s.name, s.labels) }
 
 // The named series exist with plausible values after the scenario. The
-// engine reports to its Observer from a goroutine after the commit, so the
-// last counts may trail the RPC that caused them by a moment: the scrape is
-// retried until they match, within a bound.
+// engine's own series are updated before the RPC that caused them returns,
+// but otelgrpc records a call's duration only after its response is on the
+// wire, so the last call may trail by a moment: the scrape of the real
+// process is retried until the values match, within a bound.
 func TestMetricsAfterScenario(t *testing.T) {
 	c := startCoordinator(t, map[string]string{adminTokenEnv: adminToken})
 	if c.metricsAddr == "" {
@@ -165,7 +166,7 @@ func TestMetricsAfterScenario(t *testing.T) {
 		if len(bad) == 0 || time.Now().After(deadline) {
 			break
 		}
-		time.Sleep(20 * time.Millisecond) // see the comment above: observations trail the RPC
+		time.Sleep(20 * time.Millisecond) // see above: otelgrpc's series trail the RPC
 	}
 	for _, b := range bad {
 		t.Error(b)

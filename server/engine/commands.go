@@ -87,10 +87,10 @@ func (e *Engine) streamCommands(ctx context.Context, req *v1.StreamCommandsReque
 			return nil // the run is over and this worker already has its Stop
 		}
 		for _, cmd := range cmds {
+			c.delivered([]*v1.Command{cmd}) // counted before Send returns, so a reader who has it sees it counted
 			if err := send(cmd); err != nil {
 				return err
 			}
-			c.delivered([]*v1.Command{cmd})
 			after = cmd.Seq
 			if cmd.GetStop() != nil {
 				return nil // nothing follows a Stop

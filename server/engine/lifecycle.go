@@ -47,8 +47,8 @@ func (e *Engine) createRun(ctx context.Context, req *v1.CreateRunRequest) (*v1.C
 	e.tokens[string(hash)] = r.id
 	i := sort.SearchStrings(e.ids, r.id)
 	e.ids = append(e.ids[:i], append([]string{r.id}, e.ids[i:]...)...)
-	// The run is locked before it is published in the map is released, so no
-	// other call sees it before its first record is submitted.
+	// The run is locked before the map's lock is released, so no other call
+	// sees it before its first record is submitted.
 	r.mu.Lock()
 	e.mu.Unlock()
 	m := &mut{e: e, r: r, now: now}
@@ -59,6 +59,7 @@ func (e *Engine) createRun(ctx context.Context, req *v1.CreateRunRequest) (*v1.C
 	if err := e.wait(ctx, last); err != nil {
 		return nil, err
 	}
+	m.observed()
 	return &v1.CreateRunResponse{Run: view, RunToken: token}, nil
 }
 

@@ -202,13 +202,14 @@ func (m *mut) flush() {
 			go m.e.publish(r, p, r.rec.LastCommandSeq, r.rec.Run.LastEventSeq)
 		}
 	}
-	if len(m.after) > 0 {
-		after := m.after
-		go func() {
-			for _, f := range after {
-				f()
-			}
-		}()
+}
+
+// observed makes the mutation's observer calls. Called once the run is
+// unlocked and the commit waited for, so that metrics reflect a change by the
+// time its caller hears of it.
+func (m *mut) observed() {
+	for _, f := range m.after {
+		f()
 	}
 }
 

@@ -137,3 +137,27 @@ tools: ## Download and build every pinned tool (buf takes minutes the first time
 
 clean: ## Remove bin/. Leaves data/ (coordinator state) and .cache/ alone.
 	rm -rf bin/
+
+# Measurement: figures with their floors, the kill -9 crash loop, fuzzing
+# (docs/performance.md). BENCH_FLAGS scales the benchmark, e.g.
+# BENCH_FLAGS='--fanout-workers 10000 --json-file bench.json'.
+.PHONY: bench bench-smoke crashtest fuzz
+CRASH_CYCLES ?= 20
+FUZZTIME ?= 30s
+# Every fuzz target, as package:Name; make fuzz runs each for FUZZTIME.
+FUZZ_TARGETS := ./server/deadline:FuzzParseBudget ./server/grpcserver:FuzzCreateRun \
+	./server/grpcserver:FuzzWorkerService ./server/grpcserver:FuzzRunService
+
+bench: build ## Load benchmark: each figure with its floor and ratio (under 3 min on 2 cores).
+	./bin/snapbench --snapcoord bin/snapcoord $(BENCH_FLAGS)
+
+bench-smoke: ## Run every go test benchmark once (-benchtime=1x), so none rots.
+	$(GO) test -run='^$$' -bench=. -benchtime=1x ./...
+
+crashtest: build ## kill -9 crash loop, CRASH_CYCLES times; fails if an acknowledged write is lost.
+	./bin/snapcrash --snapcoord bin/snapcoord --cycles $(CRASH_CYCLES)
+
+fuzz: ## Run every fuzz target for FUZZTIME (e.g. FUZZTIME=10s).
+	for t in $(FUZZ_TARGETS); do \
+		$(GO) test -run='^$$' -fuzz="^$${t#*:}\$$" -fuzztime=$(FUZZTIME) "$${t%%:*}"; \
+	done

@@ -54,7 +54,7 @@ func (e *Engine) openCursor(runID, workerID string) (*cursor, error) {
 // durable change when there are none. settled reports whether every command
 // issued so far is durable, and so visible to pending.
 func (c *cursor) next(after int64) (cmds []*v1.Command, changed <-chan struct{}, state v1.RunState, settled bool, err error) {
-	changed = c.r.changed() // taken first, so no change slips between the read and the wait
+	changed = c.r.commandsChanged() // taken first, so no change slips between the read and the wait
 	c.r.mu.Lock()
 	defer c.r.mu.Unlock()
 	if w := c.r.workers[c.workerID]; w.w.Incarnation != c.incarnation {

@@ -35,8 +35,9 @@ type runState struct {
 	byName    map[string]*workerState
 	snapshots map[string]*v1.Snapshot
 	snapOrder []*v1.Snapshot
-	events    []*v1.RunEvent // kept events, by seq
-	commands  []*v1.Command  // the whole command log, by seq
+	reportIdx map[string]*reportIndex // by snapshot id; see reportIndex
+	events    []*v1.RunEvent          // kept events, by seq
+	commands  []*v1.Command           // the whole command log, by seq
 
 	timers   [numTimers]clock.Timer
 	timerGen [numTimers]uint64
@@ -47,7 +48,12 @@ type runState struct {
 	durableCmd   atomic.Int64
 	durableEvent atomic.Int64
 	notifyMu     sync.Mutex
-	notify       chan struct{} // closed and replaced when something becomes durable
+	notify       chan struct{} // closed and replaced when an event becomes durable
+	// cmdNotify is closed and replaced when a command becomes durable or a
+	// worker registers again: all that command streams and polls wait for.
+	// Apart from notify, so that the event of each of 10,000 workers
+	// registering does not wake the streams of all the others.
+	cmdNotify chan struct{}
 }
 
 type workerState struct {
@@ -61,7 +67,7 @@ func newRunState(rec *storagev1.RunRecord) *runState {
 		id: rec.Run.RunId, rec: rec,
 		steps: map[int64]*storagev1.StepRecord{}, workers: map[string]*workerState{},
 		byName: map[string]*workerState{}, snapshots: map[string]*v1.Snapshot{},
-		notify: make(chan struct{}),
+		notify: make(chan struct{}), cmdNotify: make(chan struct{}),
 	}
 }
 
@@ -104,19 +110,37 @@ func isTerminal(s v1.RunState) bool {
 
 func (r *runState) fired() bool { return r.rec.Run.FiredAt != nil }
 
-// changed returns the channel closed at the next durable change.
+// changed returns the channel closed when the next event becomes durable.
 func (r *runState) changed() <-chan struct{} {
 	r.notifyMu.Lock()
 	defer r.notifyMu.Unlock()
 	return r.notify
 }
 
-func (r *runState) broadcast() {
+// commandsChanged returns the channel closed when the next command becomes
+// durable or a worker registers again.
+func (r *runState) commandsChanged() <-chan struct{} {
 	r.notifyMu.Lock()
-	close(r.notify)
-	r.notify = make(chan struct{})
-	r.notifyMu.Unlock()
+	defer r.notifyMu.Unlock()
+	return r.cmdNotify
 }
+
+// broadcast wakes the waiters on events, commands, or both.
+func (r *runState) broadcast(w wake) {
+	r.notifyMu.Lock()
+	defer r.notifyMu.Unlock()
+	if w.events {
+		close(r.notify)
+		r.notify = make(chan struct{})
+	}
+	if w.commands {
+		close(r.cmdNotify)
+		r.cmdNotify = make(chan struct{})
+	}
+}
+
+// wake says whom a commit concerns.
+type wake struct{ events, commands bool }
 
 func (r *runState) stopTimers() {
 	for k, t := range r.timers {
@@ -141,7 +165,7 @@ type mut struct {
 	now      time.Time
 	b        store.Batch
 	runDirty bool
-	notify   bool
+	notify   wake
 	after    []func() // observer calls, made after the lock is released
 }
 
@@ -169,7 +193,7 @@ func (m *mut) event(ev *v1.RunEvent) {
 	m.r.events = append(m.r.events, ev)
 	m.b.PutEvent(m.r.id, ev)
 	m.dirty()
-	m.notify = true
+	m.notify.events = true
 }
 
 // command appends to the command log, and records that it did.
@@ -180,6 +204,7 @@ func (m *mut) command(audience v1.WorkerRole, c *v1.Command) *v1.Command {
 	c.Audience = audience
 	m.r.commands = append(m.r.commands, c)
 	m.b.PutCommand(m.r.id, c)
+	m.notify.commands = true
 	kind := commandKind(c)
 	m.event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_COMMAND_ISSUED, CommandSeq: c.Seq,
 		Message: "command " + kind + " issued to " + audienceName(audience)})
@@ -198,8 +223,8 @@ func (m *mut) flush() {
 	if m.b.Len() > 0 {
 		p := m.e.st.Submit(&m.b)
 		r.last = p
-		if m.notify {
-			go m.e.publish(r, p, r.rec.LastCommandSeq, r.rec.Run.LastEventSeq)
+		if m.notify != (wake{}) {
+			go m.e.publish(r, p, r.rec.LastCommandSeq, r.rec.Run.LastEventSeq, m.notify)
 		}
 	}
 }
@@ -224,16 +249,16 @@ func (m *mut) trimEvents() {
 }
 
 // publish makes commands and events visible to streams once durable.
-func (e *Engine) publish(r *runState, p *store.Pending, cmdSeq, eventSeq int64) {
+func (e *Engine) publish(r *runState, p *store.Pending, cmdSeq, eventSeq int64, w wake) {
 	<-p.Done()
 	if err := p.Err(); err != nil {
 		e.fail(err)
-		r.broadcast() // waiters re-check, and a poll waiting for this commit finds the engine failed
+		r.broadcast(wake{events: true, commands: true}) // waiters re-check, and a poll waiting for this commit finds the engine failed
 		return
 	}
 	raise(&r.durableCmd, cmdSeq)
 	raise(&r.durableEvent, eventSeq)
-	r.broadcast()
+	r.broadcast(w)
 }
 
 func raise(a *atomic.Int64, v int64) {

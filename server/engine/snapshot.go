@@ -120,10 +120,9 @@ func (m *mut) snapshotReport(w *workerState, req *v1.ReportSnapshotRequest) erro
 	if s == nil {
 		return errorf(ErrNotFound, "snapshot_id: snapshot %q was never issued in run %q", req.SnapshotId, r.id)
 	}
-	for _, rep := range s.Reports {
-		if rep.WorkerId == w.w.WorkerId {
-			return nil // a retry: the first report stands
-		}
+	x := r.reportIndex(s)
+	if x.reported[w.w.WorkerId] != nil {
+		return nil // a retry: the first report stands
 	}
 	if r.terminal() {
 		return errorf(ErrFailedPrecondition, "run %q is %s: no new snapshot reports", r.id, stateName(r.state()))
@@ -131,6 +130,7 @@ func (m *mut) snapshotReport(w *workerState, req *v1.ReportSnapshotRequest) erro
 	rep := &v1.SnapshotReport{WorkerId: w.w.WorkerId, Outcome: req.Outcome,
 		DurationSeconds: req.DurationSeconds, Message: req.Message, ReportedAt: m.ts()}
 	s.Reports = append(s.Reports, rep)
+	x.add(rep)
 	m.b.PutSnapshotReport(r.id, s.SnapshotId, rep)
 	if s.CompletedAt == nil {
 		m.checkSnapshotDone(s)
@@ -139,24 +139,74 @@ func (m *mut) snapshotReport(w *workerState, req *v1.ReportSnapshotRequest) erro
 }
 
 // checkSnapshotDone completes the snapshot once every expected worker that
-// is still live has reported, or at the first invariant failure.
+// is still live has reported, or at the first invariant failure. It runs at
+// every report, so it costs O(1) in the usual case rather than O(workers):
+// a 10,000-worker snapshot would otherwise cost 10^8 steps under the run's
+// lock.
 func (m *mut) checkSnapshotDone(s *v1.Snapshot) {
-	reported := map[string]*v1.SnapshotReport{}
-	for _, rep := range s.Reports {
-		reported[rep.WorkerId] = rep
-		if rep.Outcome == v1.SnapshotOutcome_SNAPSHOT_OUTCOME_INVARIANT_FAILURE {
-			m.completeSnapshot(s, rep.Outcome, fmt.Sprintf("worker %s: %s", rep.WorkerId, rep.Message))
-			return
-		}
+	x := m.r.reportIndex(s)
+	if rep := x.invariant; rep != nil {
+		m.completeSnapshot(s, rep.Outcome, fmt.Sprintf("worker %s: %s", rep.WorkerId, rep.Message))
+		return
 	}
-	for _, id := range s.ExpectedWorkerIds {
-		w := m.r.workers[id]
-		if reported[id] == nil && w != nil && w.w.State == v1.WorkerState_WORKER_STATE_LIVE {
+	for id := range x.waiting {
+		if w := m.r.workers[id]; w != nil && w.w.State == v1.WorkerState_WORKER_STATE_LIVE {
 			return // still waiting for a live worker
 		}
 	}
-	outcome, why := combineOutcomes(s, reported, m.r.workers)
+	outcome, why := combineOutcomes(s, x.reported, m.r.workers)
 	m.completeSnapshot(s, outcome, why)
+}
+
+// reportIndex is a snapshot's reports by worker, and the expected workers
+// that have not reported yet.
+type reportIndex struct {
+	reported  map[string]*v1.SnapshotReport
+	waiting   map[string]struct{}
+	invariant *v1.SnapshotReport // the first INVARIANT_FAILURE, in report order
+}
+
+func (x *reportIndex) add(rep *v1.SnapshotReport) {
+	x.reported[rep.WorkerId] = rep
+	delete(x.waiting, rep.WorkerId)
+	if x.invariant == nil && rep.Outcome == v1.SnapshotOutcome_SNAPSHOT_OUTCOME_INVARIANT_FAILURE {
+		x.invariant = rep
+	}
+}
+
+// reportIndex returns s's index, building it from s.Reports the first time
+// (a new snapshot, or one loaded after a restart). Indexes of completed
+// snapshots are dropped by dropReportIndexes.
+func (r *runState) reportIndex(s *v1.Snapshot) *reportIndex {
+	if x := r.reportIdx[s.SnapshotId]; x != nil {
+		return x
+	}
+	x := &reportIndex{
+		reported: make(map[string]*v1.SnapshotReport, len(s.ExpectedWorkerIds)),
+		waiting:  make(map[string]struct{}, len(s.ExpectedWorkerIds)),
+	}
+	for _, id := range s.ExpectedWorkerIds {
+		x.waiting[id] = struct{}{}
+	}
+	for _, rep := range s.Reports {
+		x.add(rep)
+	}
+	if r.reportIdx == nil {
+		r.reportIdx = map[string]*reportIndex{}
+	}
+	r.reportIdx[s.SnapshotId] = x
+	return x
+}
+
+// dropReportIndexes keeps the indexes of the snapshot just completed (late
+// reports go to it) and of the one in flight; older ones are rebuilt if a
+// report for them ever comes.
+func (r *runState) dropReportIndexes(completed string) {
+	for id := range r.reportIdx {
+		if id != completed && id != r.rec.ActiveSnapshotId {
+			delete(r.reportIdx, id)
+		}
+	}
 }
 
 // combineOutcomes is the snapshot's outcome from its reports: any missing or
@@ -215,6 +265,7 @@ func (m *mut) completeSnapshot(s *v1.Snapshot, outcome v1.SnapshotOutcome, why s
 		r.rec.ActiveSnapshotId = ""
 		m.disarm(timerSnapshot)
 	}
+	r.dropReportIndexes(s.SnapshotId)
 	m.event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_SNAPSHOT_COMPLETED, SnapshotId: s.SnapshotId, Step: s.AnchorStep,
 		Message: fmt.Sprintf("snapshot %s %s after %.3g s: %s", s.SnapshotId, outcomeName(outcome), s.DurationSeconds, why)})
 	reason, dur := s.Reason, s.DurationSeconds

@@ -92,6 +92,9 @@ func (m *mut) register(req *v1.RegisterWorkerRequest) (*workerState, error) {
 	}
 	m.releaseRank(req, w)
 	w.w.Incarnation++
+	if w.w.Incarnation > 1 {
+		m.notify.commands = true // the previous incarnation's streams and polls must end
+	}
 	w.w.State = v1.WorkerState_WORKER_STATE_LIVE
 	w.w.RegisteredAt = m.ts()
 	m.renewLease(w, m.e.opts.LeaseTTL)

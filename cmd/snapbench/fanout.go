@@ -1,0 +1,366 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+	"github.com/snapcoord/snapcoord/cmd/internal/coordproc"
+)
+
+// fanoutResult is one broadcast: receipt latencies from the trigger, the
+// fraction delivered, and resident memory per connected worker.
+type fanoutResult struct {
+	lats      []time.Duration
+	delivered float64
+	rssPer    float64       // bytes per worker; streaming only
+	register  time.Duration // registering every worker, each streaming or polling at once
+	round     time.Duration // the warm-up snapshot: issued, delivered and reported by every worker
+}
+
+// fanout: N environment workers, each with its own connection, stream (or
+// long-poll) their commands and heartbeat at the default 5 s interval. A
+// warm-up snapshot proves every stream is open (and that every worker
+// reports); memory is read then. TriggerDeadline before the first step
+// fires the deadline at once: SaveAtDeadline goes to every worker, and
+// latency runs from just before the trigger call to each receipt.
+func (b *bench) fanout(ctx context.Context) error {
+	n := b.cfg.fanoutWorkers
+	fstream, err := b.fanoutFloor(ctx, n, false)
+	if err != nil {
+		return err
+	}
+	fpoll, err := b.fanoutFloor(ctx, n, true)
+	if err != nil {
+		return err
+	}
+	c, err := b.startCoord(ctx, "fanout", "--max-workers-per-run", strconv.Itoa(n+1))
+	if err != nil {
+		return err
+	}
+	defer c.stop()
+	stream, err := b.fanoutCoord(ctx, c, "fanout-stream", n, false)
+	if err != nil {
+		return err
+	}
+	poll, err := b.fanoutCoord(ctx, c, "fanout-poll", n, true)
+	if err != nil {
+		return err
+	}
+	for _, f := range []struct {
+		kind      string
+		res, flor fanoutResult
+	}{{"streaming", stream, fstream}, {"polling", poll, fpoll}} {
+		l, fl := summarize(f.res.lats), summarize(f.flor.lats)
+		r := row{
+			ID: "fanout_" + f.kind, Figure: fmt.Sprintf("SaveAtDeadline → %d %s workers, p99", n, f.kind),
+			Value: ms(l.P99), Unit: "ms", Lat: latOf(l), Floor: ms(fl.P99), FloorWhat: "no-op gRPC broadcast", FloorLat: latOf(fl),
+			Note: fmt.Sprintf("delivered %.2f %% (floor %.2f %%) within %s; registering all took %.1f s (floor %.1f s); a whole snapshot round (issue, deliver, every worker reports SAVED) took %.2f s (floor %.2f s)",
+				100*f.res.delivered, 100*f.flor.delivered, b.cfg.fanoutTimeout, f.res.register.Seconds(), f.flor.register.Seconds(),
+				f.res.round.Seconds(), f.flor.round.Seconds()),
+		}
+		if f.kind == "streaming" {
+			r.Target = "p99 ≤ 250 ms, 100 % at 10000"
+			if n >= 10000 {
+				r.Met = met(l.P99 <= 250*time.Millisecond && f.res.delivered == 1)
+			} else {
+				r.Note += "; the target is for 10000 workers: run with --fanout-workers 10000"
+			}
+		}
+		b.add(r)
+	}
+	conn := "one connection per worker"
+	if b.cfg.workersPerConn > 1 {
+		conn = fmt.Sprintf("%d workers per connection", b.cfg.workersPerConn)
+	}
+	b.add(row{
+		ID: "memory_per_stream", Figure: fmt.Sprintf("RSS per connected streaming worker (%d)", n),
+		Value: stream.rssPer / 1024, Unit: "KiB", Floor: fstream.rssPer / 1024, FloorWhat: "no-op gRPC",
+		Target: "≤ 20 KiB", Met: met(stream.rssPer <= 20*1024),
+		Note: "coordinator VmRSS after every worker registered, opened its stream and reported a snapshot, minus VmRSS before; " + conn,
+	})
+	return nil
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// fanoutFloor is the same broadcast by the no-op server.
+func (b *bench) fanoutFloor(ctx context.Context, n int, poll bool) (fanoutResult, error) {
+	name := "fanout-stream"
+	if poll {
+		name = "fanout-poll"
+	}
+	fl, err := b.startFloor(ctx, name)
+	if err != nil {
+		return fanoutResult{}, err
+	}
+	defer fl.Stop(10 * time.Second)
+	before, err := fl.RSS()
+	if err != nil {
+		return fanoutResult{}, err
+	}
+	trigger := func(reason string) func(ctx context.Context) error {
+		return func(ctx context.Context) error {
+			c, err := dial(fl.Addr)
+			if err != nil {
+				return err
+			}
+			defer c.close()
+			_, err = c.runs.TriggerDeadline(ctx, &v1.TriggerDeadlineRequest{RunId: "floor", Reason: reason})
+			return err
+		}
+	}
+	return b.broadcast(ctx, fanoutSpec{
+		server: fl, rssBefore: before, addr: fl.Addr, runID: "floor", token: "floor-token", n: n, poll: poll,
+		warmup: trigger(warmupReason), trigger: trigger("bench"),
+	})
+}
+
+// fanoutCoord registers n environment workers (and one trainer rank, whose
+// checkpoint issues the warm-up snapshot) in a new run, then broadcasts.
+func (b *bench) fanoutCoord(ctx context.Context, c *coord, runID string, n int, poll bool) (fanoutResult, error) {
+	token, err := createRun(ctx, c.Addr, runID, runSpec(1, v1.TargetLevel_TARGET_LEVEL_TURN))
+	if err != nil {
+		return fanoutResult{}, err
+	}
+	before, err := c.RSS()
+	if err != nil {
+		return fanoutResult{}, err
+	}
+	trainer, err := registerWorkers(ctx, c.Addr, runID, token, v1.WorkerRole_WORKER_ROLE_TRAINER, 1, func(int) string { return "rank-0" })
+	if err != nil {
+		return fanoutResult{}, err
+	}
+	defer closeWorkers(trainer)
+	tr := trainer[0]
+	warm := func(ctx context.Context) error {
+		_, err := tr.c.workers.ReportCheckpoint(tr.ctx, &v1.ReportCheckpointRequest{RunId: runID, WorkerId: tr.id, Step: 1,
+			Phase: v1.CheckpointPhase_CHECKPOINT_PHASE_SAVED, SaveSeconds: 1})
+		return err
+	}
+	fire := func(ctx context.Context) error {
+		b.profileHook(c, runID, 2*time.Second)() // a profile of the broadcast, with --pprof
+		_, err := tr.c.runs.TriggerDeadline(ctx, &v1.TriggerDeadlineRequest{RunId: runID, Reason: "snapbench"})
+		return err
+	}
+	sp := fanoutSpec{
+		server: c.Proc, rssBefore: before, addr: c.Addr, runID: runID, token: token, n: n, poll: poll,
+		warmup: warm, trigger: fire,
+	}
+	if !poll {
+		sp.afterWarm = b.heapHook(c, runID)
+	}
+	return b.broadcast(ctx, sp)
+}
+
+// fanoutSpec is one broadcast to n workers of a run.
+type fanoutSpec struct {
+	server    *coordproc.Proc
+	rssBefore int64
+	addr      string
+	runID     string
+	token     string
+	n         int
+	poll      bool
+	warmup    func(context.Context) error // issues a Snapshot to every worker
+	trigger   func(context.Context) error // issues SaveAtDeadline
+	afterWarm func()
+}
+
+// broadcast registers the workers, each starting to stream (or poll) and
+// heartbeat as soon as it is registered, as real workers do; then the
+// warm-up and the trigger.
+func (b *bench) broadcast(ctx context.Context, sp fanoutSpec) (fanoutResult, error) {
+	n := sp.n
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	tctx := withToken(ctx, sp.token)
+	s := &receivers{n: n, got: make([]time.Time, n), warm: make(chan struct{}), all: make(chan struct{})}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	conns := &sharedConns{addr: sp.addr, per: b.cfg.workersPerConn}
+	defer conns.close()
+	start := time.Now()
+	err := forEach(ctx, n, 64, func(ctx context.Context, i int) error {
+		c, err := conns.get(i)
+		if err != nil {
+			return err
+		}
+		w, err := registerOn(ctx, c, sp.runID, sp.token, v1.WorkerRole_WORKER_ROLE_ENVIRONMENT, "env-"+strconv.Itoa(i), 0)
+		if err != nil {
+			return err
+		}
+		wg.Go(func() { s.heartbeat(tctx, w) })
+		wg.Go(func() { s.receive(tctx, i, w, sp.poll) })
+		return nil
+	})
+	if err != nil {
+		return fanoutResult{}, err
+	}
+	var res fanoutResult
+	res.register = time.Since(start)
+	b.logf("  %s: %d workers registered and %s in %.1f s", sp.runID, n, map[bool]string{true: "polling", false: "streaming"}[sp.poll],
+		res.register.Seconds())
+	start = time.Now()
+	if err := sp.warmup(ctx); err != nil {
+		return fanoutResult{}, fmt.Errorf("warm-up: %w", err)
+	}
+	if err := s.await(ctx, s.warm, b.cfg.fanoutTimeout); err != nil {
+		return fanoutResult{}, fmt.Errorf("warm-up snapshot: %d of %d workers received and reported it (%w); first error: %v",
+			s.warmed.Load(), n, err, s.firstErr())
+	}
+	res.round = time.Since(start)
+	b.logf("  warm-up snapshot delivered to and reported by all %d in %.2f s", n, res.round.Seconds())
+	if !sp.poll {
+		after, err := sp.server.RSS()
+		if err != nil {
+			return res, err
+		}
+		res.rssPer = float64(after-sp.rssBefore) / float64(n)
+	}
+	if sp.afterWarm != nil {
+		sp.afterWarm()
+	}
+	t0 := time.Now()
+	if err := sp.trigger(ctx); err != nil {
+		return res, fmt.Errorf("trigger: %w", err)
+	}
+	_ = s.await(ctx, s.all, b.cfg.fanoutTimeout)
+	got := int(s.received.Load())
+	res.delivered = float64(got) / float64(n)
+	cancel()
+	wg.Wait()
+	for _, at := range s.got {
+		if !at.IsZero() {
+			res.lats = append(res.lats, at.Sub(t0))
+		}
+	}
+	slices.Sort(res.lats)
+	if got < n {
+		b.logf("  %d of %d workers did not receive SaveAtDeadline within %s; first error: %v", n-got, n, b.cfg.fanoutTimeout, s.firstErr())
+	}
+	return res, nil
+}
+
+// receivers is the workers' side of a broadcast.
+type receivers struct {
+	n        int
+	got      []time.Time // receipt of SaveAtDeadline, by worker
+	warmed   atomic.Int64
+	received atomic.Int64
+	warm     chan struct{} // closed when every worker reported the warm-up snapshot
+	all      chan struct{} // closed when every worker received SaveAtDeadline
+	mu       sync.Mutex
+	err      error // the first worker error
+}
+
+func (s *receivers) fail(err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.err == nil {
+		s.err = err
+	}
+}
+
+func (s *receivers) firstErr() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.err
+}
+
+func (s *receivers) await(ctx context.Context, ch <-chan struct{}, timeout time.Duration) error {
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-ch:
+		return nil
+	case <-t.C:
+		return fmt.Errorf("timed out after %s", timeout)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// heartbeat renews the worker's lease every 5 s (the default interval),
+// starting at a random offset as a job's workers do.
+func (s *receivers) heartbeat(ctx context.Context, w *worker) {
+	first := time.Duration(rand.Int64N(int64(5 * time.Second)))
+	if !sleepCtx(ctx, first) {
+		return
+	}
+	t := time.NewTicker(5 * time.Second)
+	defer t.Stop()
+	for {
+		if _, err := w.c.workers.Heartbeat(ctx, &v1.HeartbeatRequest{RunId: w.runID, WorkerId: w.id}); err != nil && ctx.Err() == nil {
+			s.fail(fmt.Errorf("heartbeat %s: %w", w.id, err))
+		}
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+func (s *receivers) receive(ctx context.Context, i int, w *worker, poll bool) {
+	after := w.lastSeq
+	handle := func(c *v1.Command) {
+		after = c.Seq
+		switch k := c.Kind.(type) {
+		case *v1.Command_Snapshot:
+			_, err := w.c.workers.ReportSnapshot(ctx, &v1.ReportSnapshotRequest{RunId: w.runID, WorkerId: w.id,
+				SnapshotId: k.Snapshot.SnapshotId, Outcome: v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SAVED, DurationSeconds: 0.5})
+			if err != nil {
+				s.fail(fmt.Errorf("report %s: %w", w.id, err))
+				return
+			}
+			if s.warmed.Add(1) == int64(s.n) {
+				close(s.warm)
+			}
+		case *v1.Command_SaveAtDeadline:
+			if s.got[i].IsZero() {
+				s.got[i] = time.Now()
+				if s.received.Add(1) == int64(s.n) {
+					close(s.all)
+				}
+			}
+		}
+	}
+	if poll {
+		for ctx.Err() == nil {
+			resp, err := w.c.workers.PollCommands(ctx, &v1.PollCommandsRequest{RunId: w.runID, WorkerId: w.id, AfterSeq: after, WaitSeconds: 30})
+			if err != nil {
+				if ctx.Err() == nil {
+					s.fail(fmt.Errorf("poll %s: %w", w.id, err))
+				}
+				return
+			}
+			for _, c := range resp.Commands {
+				handle(c)
+			}
+		}
+		return
+	}
+	stream, err := w.c.workers.StreamCommands(ctx, &v1.StreamCommandsRequest{RunId: w.runID, WorkerId: w.id, AfterSeq: after})
+	if err != nil {
+		s.fail(fmt.Errorf("stream %s: %w", w.id, err))
+		return
+	}
+	for {
+		msg, err := stream.Recv()
+		if err != nil {
+			if ctx.Err() == nil {
+				s.fail(fmt.Errorf("stream %s: %w", w.id, err))
+			}
+			return
+		}
+		handle(msg.Command)
+	}
+}

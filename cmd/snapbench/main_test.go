@@ -1,0 +1,86 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+var snapcoordBin string
+
+// TestMain builds the coordinator, and serves as the floor server when the
+// bench re-executes this test binary for it.
+func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == floorServerCmd {
+		os.Exit(runFloorServer(os.Args[2:]))
+	}
+	dir, err := os.MkdirTemp("", "snapbench-test-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	snapcoordBin = filepath.Join(dir, "snapcoord")
+	out, err := exec.Command("go", "build", "-o", snapcoordBin, "github.com/snapcoord/snapcoord/cmd/snapcoord").CombinedOutput()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "go build snapcoord: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	code := m.Run()
+	_ = os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// Every phase runs at toy sizes and yields its rows, as JSON too: the tool
+// does not rot between benchmark runs.
+func TestEveryPhaseAtToySizes(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	code := run(t.Context(), []string{"--snapcoord", snapcoordBin, "--json", "--dir", t.TempDir(),
+		"--warmup", "50ms", "--duration", "200ms", "--step-runs", "2", "--step-ranks", "2", "--report-workers", "1,4",
+		"--fanout-workers", "20", "--workers-per-conn", "3", "--heartbeat-workers", "4",
+		"--restart-runs", "5", "--restart-workers", "4", "--restart-steps", "2", "--restart-repeat", "1"}, &stdout, &stderr)
+	if code != 0 {
+		t.Fatalf("exit %d:\n%s", code, &stderr)
+	}
+	var rep report
+	if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil {
+		t.Fatalf("JSON: %v\n%s", err, &stdout)
+	}
+	want := []string{"complete_step", "reports_1", "reports_4", "fanout_streaming", "fanout_polling", "memory_per_stream",
+		"heartbeats", "heartbeat_cpu", "restart"}
+	got := map[string]row{}
+	for _, r := range rep.Rows {
+		got[r.ID] = r
+	}
+	for _, id := range want {
+		r, ok := got[id]
+		if !ok {
+			t.Errorf("no row %q in %s", id, &stdout)
+			continue
+		}
+		if r.Floor <= 0 || (r.Unit != "KiB" && r.Value <= 0) {
+			t.Errorf("row %q: value %v, floor %v; want both measured", id, r.Value, r.Floor)
+		}
+	}
+	if r := got["fanout_streaming"]; r.Lat == nil || r.Lat.Max <= 0 {
+		t.Errorf("fan-out row has no latencies: %+v", r)
+	}
+}
+
+func TestSummarize(t *testing.T) {
+	var d []time.Duration
+	for i := 1; i <= 1000; i++ {
+		d = append(d, time.Duration(i)*time.Millisecond)
+	}
+	l := summarize(d)
+	if l.P50 != 500*time.Millisecond || l.P99 != 990*time.Millisecond || l.Max != time.Second {
+		t.Errorf("summarize(1..1000 ms) = %+v, want p50 500ms, p99 990ms, max 1s", l)
+	}
+	if (summarize(nil) != latency{}) {
+		t.Errorf("summarize(nil) = %+v, want zero", summarize(nil))
+	}
+}

@@ -1,0 +1,393 @@
+// Command snapcrash is a kill -9 crash loop for snapcoord. Writers (trainer
+// ranks completing steps and saving checkpoints, environment workers
+// reporting every snapshot they are sent, half of them streaming and half
+// polling) drive the real `snapcoord serve` binary through the Go client
+// and log every write the coordinator acknowledged. The coordinator is
+// SIGKILLed at a random moment, the data file is checked with bbolt's
+// consistency check while it is down, and it is restarted on the same data
+// directory and address. After each restart every acknowledged write must
+// be there (decisions asked again are identical, to the timestamp), and
+// every writer must make progress again.
+//
+// It prints the cycles, the writes acknowledged and the writes lost, and
+// exits 1 if any write was lost, a check failed or a writer did not resume.
+//
+//	snapcrash --snapcoord bin/snapcoord --cycles 20
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/snapcoord/snapcoord/client"
+	"github.com/snapcoord/snapcoord/cmd/internal/coordproc"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr))
+}
+
+type config struct {
+	snapcoord     string
+	dir           string
+	keep          bool
+	cycles        int
+	runs          int
+	ranks         int
+	envs          int
+	minUp, maxUp  time.Duration
+	seed          uint64
+	resumeTimeout time.Duration
+	injectLoss    bool
+}
+
+func parseFlags(args []string, stderr io.Writer) (config, error) {
+	var c config
+	fs := flag.NewFlagSet("snapcrash", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&c.snapcoord, "snapcoord", "bin/snapcoord", "the snapcoord `binary` (make build)")
+	fs.StringVar(&c.dir, "dir", "", "parent `directory` of the temporary data directory (default: the system temp dir)")
+	fs.BoolVar(&c.keep, "keep", false, "keep the data directory and the coordinator's log")
+	fs.IntVar(&c.cycles, "cycles", 20, "SIGKILL and restart this many times")
+	fs.IntVar(&c.runs, "runs", 2, "runs written to concurrently")
+	fs.IntVar(&c.ranks, "ranks", 4, "trainer ranks per run")
+	fs.IntVar(&c.envs, "envs", 4, "environment workers per run (half stream, half poll)")
+	fs.DurationVar(&c.minUp, "min-up", 200*time.Millisecond, "shortest time the coordinator serves before it is killed")
+	fs.DurationVar(&c.maxUp, "max-up", 1500*time.Millisecond, "longest time the coordinator serves before it is killed")
+	fs.Uint64Var(&c.seed, "seed", 0, "seed for the kill moments (0: from the clock; printed, to repeat a run)")
+	fs.DurationVar(&c.resumeTimeout, "resume-timeout", time.Minute, "how long every writer has to make progress after a restart")
+	fs.BoolVar(&c.injectLoss, "inject-loss", false, "self-test: after the first kill, delete one acknowledged snapshot report from the data file; the loop must then report it lost and fail")
+	if err := fs.Parse(args); err != nil {
+		return c, err
+	}
+	switch {
+	case fs.NArg() > 0:
+		return c, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	case c.cycles < 1 || c.runs < 1 || c.ranks < 1 || c.envs < 1:
+		return c, errors.New("--cycles, --runs, --ranks and --envs must be positive")
+	case c.minUp <= 0 || c.maxUp < c.minUp:
+		return c, errors.New("--min-up must be positive and --max-up at least --min-up")
+	}
+	if c.seed == 0 {
+		c.seed = uint64(time.Now().UnixNano())
+	}
+	return c, nil
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	cfg, err := parseFlags(args, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "snapcrash: %v\n", err)
+		return 2
+	}
+	ok, err := crashLoop(ctx, cfg, stdout)
+	if err != nil {
+		fmt.Fprintf(stderr, "snapcrash: %v\n", err)
+		return 1
+	}
+	if !ok {
+		return 1
+	}
+	return 0
+}
+
+// summary is what the loop found.
+type summary struct {
+	cycles        int
+	checksFailed  int
+	notResumed    int
+	lost          map[string]bool // distinct writes found lost
+	violations    []string
+	writerErrors  []string
+	maxResume     time.Duration
+	maxReady      time.Duration
+	acknowledged  counts
+	finalVerified int
+}
+
+func crashLoop(ctx context.Context, cfg config, out io.Writer) (bool, error) {
+	bin, err := filepath.Abs(cfg.snapcoord)
+	if err != nil {
+		return false, err
+	}
+	if _, err := os.Stat(bin); err != nil {
+		return false, fmt.Errorf("--snapcoord %s: %w (run make build)", cfg.snapcoord, err)
+	}
+	tmp, err := os.MkdirTemp(cfg.dir, "snapcrash-")
+	if err != nil {
+		return false, err
+	}
+	defer func() {
+		if cfg.keep {
+			fmt.Fprintf(out, "kept %s\n", tmp)
+			return
+		}
+		_ = os.RemoveAll(tmp)
+	}()
+	dataDir := filepath.Join(tmp, "data")
+	logPath := filepath.Join(tmp, "snapcoord.log")
+	rng := rand.New(rand.NewPCG(cfg.seed, cfg.seed^0x9e3779b97f4a7c15))
+	fmt.Fprintf(out, "snapcrash: %d cycles, %d runs × (%d ranks + %d environment workers), kill after %s..%s, seed %d\n",
+		cfg.cycles, cfg.runs, cfg.ranks, cfg.envs, cfg.minUp, cfg.maxUp, cfg.seed)
+
+	proc, err := coordproc.Start(ctx, coordproc.Config{Bin: bin, DataDir: dataDir, LogPath: logPath,
+		Args: []string{"--metrics-listen", "", "--log-format", "json"}})
+	if err != nil {
+		return false, err
+	}
+	defer func() { _ = proc.Stop(15 * time.Second) }()
+	admin, err := client.Dial(proc.Addr, client.WithInsecure())
+	if err != nil {
+		return false, err
+	}
+	defer admin.Close()
+
+	log := newAcks()
+	writeCtx, stopWriters := context.WithCancel(ctx)
+	defer stopWriters()
+	var runs []*runWriters
+	defer func() {
+		for _, r := range runs {
+			r.close()
+		}
+	}()
+	for i := range cfg.runs {
+		r, err := startRun(ctx, proc.Addr, fmt.Sprintf("crash-%d", i), cfg.ranks, cfg.envs, log)
+		if err != nil {
+			return false, err
+		}
+		runs = append(runs, r)
+		r.start(writeCtx)
+	}
+
+	s := summary{lost: map[string]bool{}}
+	for cycle := 1; cycle <= cfg.cycles; cycle++ {
+		up := cfg.minUp + time.Duration(rng.Int64N(int64(cfg.maxUp-cfg.minUp)+1))
+		if err := serveFor(ctx, up, runs); err != nil {
+			return false, err
+		}
+		if err := proc.Kill(); err != nil {
+			return false, fmt.Errorf("cycle %d: %w", cycle, err)
+		}
+		ackedAtKill := log.counts().writes()
+		checkErr := checkFile(filepath.Join(dataDir, "snapcoord.db"))
+		if checkErr != nil {
+			s.checksFailed++
+		}
+		if cfg.injectLoss && cycle == 1 {
+			if err := injectLoss(filepath.Join(dataDir, "snapcoord.db"), log); err != nil {
+				return false, fmt.Errorf("inject loss: %w", err)
+			}
+		}
+		proc, err = proc.Restart(ctx)
+		if err != nil {
+			return false, fmt.Errorf("cycle %d: restart: %w", cycle, err)
+		}
+		restarted := time.Now()
+		s.maxReady = max(s.maxReady, proc.Ready)
+		resumed, silent := awaitResume(ctx, log, restarted, cfg.resumeTimeout, runs)
+		v := verifyAll(ctx, admin, runs)
+		var fresh []string
+		for k, msg := range v.lost {
+			if !s.lost[k] {
+				s.lost[k] = true
+				fresh = append(fresh, msg)
+			}
+		}
+		if len(silent) > 0 {
+			s.notResumed++
+		}
+		s.maxResume = max(s.maxResume, resumed)
+		s.violations = append(s.violations, log.takeViolations()...)
+		s.cycles = cycle
+		status := "ok"
+		if checkErr != nil || len(v.lost) > 0 || len(silent) > 0 {
+			status = "FAILED"
+		}
+		fmt.Fprintf(out, "cycle %2d: killed after %4d ms with %6d writes acknowledged; bbolt check %s; SERVING in %4d ms; writers resumed in %4d ms%s; %6d writes verified, %d lost  %s\n",
+			cycle, up.Milliseconds(), ackedAtKill, okOr(checkErr), proc.Ready.Milliseconds(), resumed.Milliseconds(), silentNote(silent),
+			v.checked, len(v.lost), status)
+		for _, msg := range fresh {
+			fmt.Fprintf(out, "    lost: %s\n", msg)
+		}
+	}
+
+	// Stop the writers at a step boundary, then verify everything once more.
+	stopWriters()
+	for _, r := range runs {
+		r.wait()
+	}
+	s.writerErrors = collectFatal(runs)
+	final := verifyAll(ctx, admin, runs)
+	for k, msg := range final.lost {
+		if !s.lost[k] {
+			s.lost[k] = true
+			fmt.Fprintf(out, "    lost: %s\n", msg)
+		}
+	}
+	s.finalVerified = final.checked
+	s.acknowledged = log.counts()
+	return report(out, s), nil
+}
+
+// serveFor lets the writers work for d, or returns a writer's fatal error.
+func serveFor(ctx context.Context, d time.Duration, runs []*runWriters) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	cases := make(chan error, 1)
+	stop := make(chan struct{})
+	defer close(stop)
+	for _, r := range runs {
+		go func() {
+			select {
+			case err := <-r.fatal:
+				select {
+				case cases <- err:
+				default:
+				}
+			case <-stop:
+			}
+		}()
+	}
+	select {
+	case <-t.C:
+		return nil
+	case err := <-cases:
+		return fmt.Errorf("writer failed: %w", err)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// checkFile runs bbolt's consistency check on the data file, opened read
+// only so that the file the coordinator restarts on is exactly what the
+// kill left behind.
+func checkFile(path string) error {
+	db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true, Timeout: 5 * time.Second})
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	return db.View(func(tx *bolt.Tx) error {
+		var first error
+		for err := range tx.Check() {
+			if first == nil {
+				first = err
+			}
+		}
+		return first
+	})
+}
+
+// injectLoss deletes one acknowledged snapshot report from the data file,
+// as a lost write would look: it proves that the verification notices.
+func injectLoss(path string, log *acks) error {
+	key, ok := log.anySnapshotReport()
+	if !ok {
+		return errors.New("no snapshot report acknowledged yet")
+	}
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 5 * time.Second})
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	return db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket([]byte("reports"))
+		if b == nil || b.Get(key) == nil {
+			return fmt.Errorf("report %q not in the file", key)
+		}
+		return b.Delete(key)
+	})
+}
+
+func verifyAll(ctx context.Context, admin *client.Client, runs []*runWriters) verdict {
+	var v verdict
+	for _, r := range runs {
+		v.add(verify(ctx, admin, r))
+	}
+	return v
+}
+
+// awaitResume waits until every writer had a write acknowledged (or, for
+// an environment worker, a command delivered) after the restart.
+func awaitResume(ctx context.Context, log *acks, since time.Time, timeout time.Duration, runs []*runWriters) (time.Duration, []string) {
+	deadline := time.Now().Add(timeout)
+	for {
+		silent := log.silentSince(since)
+		if len(silent) == 0 || time.Now().After(deadline) || ctx.Err() != nil {
+			return time.Since(since), silent
+		}
+		select {
+		case <-time.After(20 * time.Millisecond):
+		case <-ctx.Done():
+		}
+	}
+}
+
+func collectFatal(runs []*runWriters) []string {
+	var out []string
+	for _, r := range runs {
+		select {
+		case err := <-r.fatal:
+			out = append(out, err.Error())
+		default:
+		}
+	}
+	return out
+}
+
+func okOr(err error) string {
+	if err == nil {
+		return "ok"
+	}
+	return "FAILED (" + err.Error() + ")"
+}
+
+func silentNote(silent []string) string {
+	if len(silent) == 0 {
+		return ""
+	}
+	return " (NOT resumed: " + strings.Join(silent, ", ") + ")"
+}
+
+func report(out io.Writer, s summary) bool {
+	c := s.acknowledged
+	fmt.Fprintf(out, "\ncycles:               %d\n", s.cycles)
+	fmt.Fprintf(out, "writes acknowledged:  %d (%d decisions, %d checkpoint reports, %d snapshot reports, %d registrations, %d runs; plus %d repeated decisions compared)\n",
+		c.writes(), c.Decisions, c.CheckpointReports, c.SnapshotReports, c.Registrations, c.Runs, c.DecisionReads)
+	fmt.Fprintf(out, "writes verified:      %d after the writers stopped\n", s.finalVerified)
+	fmt.Fprintf(out, "writes lost:          %d\n", len(s.lost))
+	fmt.Fprintf(out, "bbolt checks failed:  %d of %d\n", s.checksFailed, s.cycles)
+	fmt.Fprintf(out, "restarts not resumed: %d of %d (slowest resume %d ms, slowest restart to SERVING %d ms)\n",
+		s.notResumed, s.cycles, s.maxResume.Milliseconds(), s.maxReady.Milliseconds())
+	ok := len(s.lost) == 0 && s.checksFailed == 0 && s.notResumed == 0 && len(s.violations) == 0 && len(s.writerErrors) == 0
+	for _, v := range s.violations {
+		fmt.Fprintf(out, "decision mismatch:    %s\n", v)
+	}
+	for _, e := range s.writerErrors {
+		fmt.Fprintf(out, "writer error:         %s\n", e)
+	}
+	if ok {
+		fmt.Fprintln(out, "PASS")
+	} else {
+		fmt.Fprintln(out, "FAIL")
+	}
+	return ok
+}

@@ -21,8 +21,27 @@ const (
 // examples do.
 func slogLogger(l *slog.Logger) logging.Logger {
 	return logging.LoggerFunc(func(ctx context.Context, lvl logging.Level, msg string, fields ...any) {
+		if lvl == logging.LevelInfo && routine(fields) {
+			lvl = logging.LevelDebug
+		}
 		l.Log(ctx, slog.Level(lvl), msg, fields...)
 	})
+}
+
+// routineMethods are the calls every worker makes every few seconds. Their
+// successful lines go to debug: with thousands of workers they would bury
+// everything else at info (and cost more CPU than the calls themselves);
+// their failures keep their level.
+var routineMethods = map[string]bool{"Heartbeat": true, "PollCommands": true}
+
+func routine(fields []any) bool {
+	for i := 0; i+1 < len(fields); i += 2 {
+		if fields[i] == "grpc.method" {
+			m, _ := fields[i+1].(string)
+			return routineMethods[m]
+		}
+	}
+	return false
 }
 
 // loggingOptions log one line per finished RPC. Payloads are never logged

@@ -10,11 +10,13 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
@@ -375,5 +377,28 @@ func TestTracesExportedWithOTLP(t *testing.T) {
 		if !strings.Contains(got, want) {
 			t.Errorf("exported spans %q lack %q", got, want)
 		}
+	}
+}
+
+// A worker's routine calls log at debug when they succeed, so that info
+// stays readable with thousands of workers; their failures and every other
+// call keep their level.
+func TestRoutineCallsLogAtDebug(t *testing.T) {
+	var buf bytes.Buffer
+	log := slogLogger(slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	ctx := context.Background()
+	log.Log(ctx, logging.LevelInfo, "finished call", "grpc.method", "Heartbeat")
+	log.Log(ctx, logging.LevelWarn, "finished call", "grpc.method", "PollCommands")
+	log.Log(ctx, logging.LevelInfo, "finished call", "grpc.method", "CompleteStep")
+	var levels []string
+	for _, line := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
+		var rec struct{ Level string }
+		if err := json.Unmarshal([]byte(line), &rec); err != nil {
+			t.Fatal(err)
+		}
+		levels = append(levels, rec.Level)
+	}
+	if want := []string{"DEBUG", "WARN", "INFO"}; !slices.Equal(levels, want) {
+		t.Fatalf("levels %v, want %v", levels, want)
 	}
 }

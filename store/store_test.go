@@ -530,9 +530,12 @@ func TestCloseDrains(t *testing.T) {
 
 func TestCloseRacesSubmit(t *testing.T) {
 	db := mustOpen(t, tempPath(t), Options{})
-	var wg sync.WaitGroup
+	var wg, committing sync.WaitGroup
+	committing.Add(16)
 	for range 16 {
 		wg.Go(func() {
+			first := sync.OnceFunc(committing.Done)
+			defer first() // also when the very first Submit already failed
 			for {
 				b := &Batch{}
 				b.PutRun(runRecord("r"))
@@ -544,10 +547,11 @@ func TestCloseRacesSubmit(t *testing.T) {
 					t.Errorf("Submit: %v", err)
 					return
 				}
+				first()
 			}
 		})
 	}
-	time.Sleep(20 * time.Millisecond)
+	committing.Wait() // every writer has committed once and is still submitting
 	if err := db.Close(); err != nil {
 		t.Fatal(err)
 	}

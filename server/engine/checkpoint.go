@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
+	"time"
 
 	storagev1 "github.com/snapcoord/snapcoord/api/snapcoord/storage/v1"
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
@@ -114,4 +116,62 @@ func (m *mut) published(st *storagev1.StepRecord) {
 func (m *mut) isFiredStep(step int64) bool {
 	r := m.r
 	return r.state() == v1.RunState_RUN_STATE_SAVING && r.rec.Run.FiredAtStep == step
+}
+
+// armSaveTimeout bounds the trainers' deadline save. A rank that has not
+// saved (or, with deferred finalize, a checkpoint not published) by B fails
+// the run with the late ranks named, instead of leaving it SAVING forever
+// behind a rank that died mid-save.
+func (m *mut) armSaveTimeout() {
+	r := m.r
+	if r.state() != v1.RunState_RUN_STATE_SAVING {
+		m.disarm(timerSave)
+		return
+	}
+	at := m.saveDeadline()
+	m.arm(timerSave, at, func(m *mut) {
+		if m.r.state() == v1.RunState_RUN_STATE_SAVING {
+			m.failRun(m.lateSave(at))
+		}
+	})
+}
+
+// saveDeadline is B, or, when the deadline fired by hand with B already past
+// or unset, fired_at + snapshot_timeout_s (as for the deadline snapshot).
+// Counted from fired_at so that a restart arms the same time.
+func (m *mut) saveDeadline() time.Time {
+	fired := m.r.rec.Run.FiredAt.AsTime()
+	if b, ok := m.r.mustSaveBy(); ok && b.After(fired) {
+		return b
+	}
+	return fired.Add(m.snapshotTimeout())
+}
+
+// lateSave says which ranks held up the fired step's checkpoint.
+func (m *mut) lateSave(at time.Time) string {
+	r := m.r
+	step := r.rec.Run.FiredAtStep
+	st := r.steps[step]
+	by := at.UTC().Format(time.RFC3339)
+	if st != nil && st.Saved {
+		return fmt.Sprintf("the checkpoint of step %d was saved by all ranks but not published by %s", step, by)
+	}
+	var late []string
+	for rank := range r.rec.Run.Spec.TrainerWorldSize {
+		if st == nil || !slices.Contains(st.SavedRanks, rank) {
+			late = append(late, m.rankName(rank))
+		}
+	}
+	return fmt.Sprintf("the checkpoint of step %d was not saved by %s: no CHECKPOINT_PHASE_SAVED from rank %s",
+		step, by, strings.Join(late, ", "))
+}
+
+// rankName is "3" or, when a worker holds the rank, `3 (w4-…, "rank-3", LOST)`.
+func (m *mut) rankName(rank int32) string {
+	for _, w := range m.r.workers {
+		if w.w.Role == v1.WorkerRole_WORKER_ROLE_TRAINER && w.w.Rank == rank && w.w.State != v1.WorkerState_WORKER_STATE_LEFT {
+			return fmt.Sprintf("%d (%s, %q, %s)", rank, w.w.WorkerId, w.w.Name, workerStateName(w))
+		}
+	}
+	return fmt.Sprintf("%d (never registered)", rank)
 }

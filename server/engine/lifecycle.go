@@ -312,6 +312,7 @@ func (e *Engine) resume(r *runState) {
 		m.armPreStep()
 		m.armInterval(false)
 		m.armSnapshotTimeout()
+		m.armSaveTimeout()
 		for _, w := range r.workers {
 			if w.w.State == v1.WorkerState_WORKER_STATE_LIVE {
 				m.renewLease(w, e.opts.RestartGrace)

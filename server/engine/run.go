@@ -20,6 +20,7 @@ const (
 	timerPreStep = iota
 	timerInterval
 	timerSnapshot
+	timerSave
 	numTimers
 )
 

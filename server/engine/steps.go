@@ -136,6 +136,7 @@ func (m *mut) fire(kind v1.DeadlineFireKind, step int64, why string) {
 	m.observe(func() { m.e.obs.DeadlineFired(kind) })
 	if step > 0 {
 		m.setState(v1.RunState_RUN_STATE_SAVING, fmt.Sprintf("trainer ranks save the checkpoint of step %d", step))
+		m.armSaveTimeout()
 	}
 }
 
@@ -174,6 +175,7 @@ func (m *mut) startDeadlineSave(anchor int64) {
 		m.terminate(v1.RunState_RUN_STATE_STOPPED, fmt.Sprintf("deadline save complete: checkpoint of step %d published", anchor))
 		return
 	}
+	m.disarm(timerSave) // the trainers' part is done
 	m.setState(v1.RunState_RUN_STATE_SNAPSHOTTING, fmt.Sprintf("environment workers save the deadline snapshot (anchor step %d)", anchor))
 	mustFinish := m.now.Add(m.snapshotTimeout())
 	if b, ok := r.mustSaveBy(); ok && b.After(m.now) {

@@ -1,0 +1,80 @@
+package engine
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+)
+
+// fireAtStepOne creates a run whose deadline fires at step 1 (an iteration
+// as long as the budget) and returns its ranks.
+func fireAtStepOne(t *testing.T, h *harness, spec *v1.RunSpec) []string {
+	t.Helper()
+	h.create("r", spec)
+	ranks := h.trainers("r", int(spec.TrainerWorldSize))
+	if a := h.stepAll("r", ranks, 1, 3600); a != v1.StepAction_STEP_ACTION_SAVE_AND_STOP {
+		t.Fatalf("step 1: %v, want SAVE_AND_STOP", a)
+	}
+	return ranks
+}
+
+// A rank that never saves the fired step's checkpoint does not leave the
+// run SAVING forever: at B it fails, naming the late rank, and every worker
+// is told to stop.
+func TestDeadlineSaveNotDoneByB(t *testing.T) {
+	h := newHarness(t)
+	ranks := fireAtStepOne(t, h, &v1.RunSpec{TrainerWorldSize: 3,
+		Checkpointing: &v1.CheckpointingSpec{CheckpointMustSaveBy: "00:01:00:00"}})
+	h.checkpoint("r", []string{ranks[0], ranks[2]}, 1, v1.CheckpointPhase_CHECKPOINT_PHASE_SAVED, 10)
+
+	h.clk.Advance(time.Hour - time.Second)
+	if got := h.get("r"); got.State != v1.RunState_RUN_STATE_SAVING {
+		t.Fatalf("before B: %v, want SAVING", got.State)
+	}
+	h.clk.Advance(time.Second)
+	got := h.get("r")
+	if got.State != v1.RunState_RUN_STATE_FAILED {
+		t.Fatalf("at B: %v, want FAILED", got.State)
+	}
+	if msg := got.FailureMessage; !strings.Contains(msg, "rank 1 (") || strings.Contains(msg, "rank 0") || !strings.Contains(msg, "rank-ab") {
+		t.Fatalf("failure_message %q: want rank 1 (rank-ab) named, and only it", msg)
+	}
+	h.settle("r")
+	cmds := h.poll("r", ranks[1], 0)
+	if len(cmds) == 0 || cmds[len(cmds)-1].GetStop() == nil {
+		t.Fatalf("rank 1 commands %v, want a Stop last", cmds)
+	}
+}
+
+// With deferred finalize, a checkpoint saved by every rank but never
+// published by B fails the run, saying so; the bound survives a restart
+// during which it falls due.
+func TestDeadlineSaveNotPublishedByBAcrossRestart(t *testing.T) {
+	h := newHarness(t)
+	ranks := fireAtStepOne(t, h, &v1.RunSpec{TrainerWorldSize: 2,
+		Checkpointing: &v1.CheckpointingSpec{CheckpointMustSaveBy: "00:01:00:00", DeferredFinalize: true}})
+	h.checkpoint("r", ranks, 1, v1.CheckpointPhase_CHECKPOINT_PHASE_SAVED, 10)
+
+	h.close()
+	h.clk.Advance(2 * time.Hour) // B passes while the coordinator is down
+	h.open()
+	h.clk.Advance(0) // timers already due run now
+	got := h.get("r")
+	if got.State != v1.RunState_RUN_STATE_FAILED || !strings.Contains(got.FailureMessage, "not published") {
+		t.Fatalf("after restart past B: %v %q, want FAILED, not published", got.State, got.FailureMessage)
+	}
+}
+
+// A save that completes in time is not touched by the bound.
+func TestDeadlineSaveInTimeIsNotFailed(t *testing.T) {
+	h := newHarness(t)
+	ranks := fireAtStepOne(t, h, &v1.RunSpec{TrainerWorldSize: 2,
+		Checkpointing: &v1.CheckpointingSpec{CheckpointMustSaveBy: "00:01:00:00"}})
+	h.checkpoint("r", ranks, 1, v1.CheckpointPhase_CHECKPOINT_PHASE_SAVED, 10)
+	h.clk.Advance(2 * time.Hour)
+	if got := h.get("r"); got.State != v1.RunState_RUN_STATE_STOPPED {
+		t.Fatalf("%v %q, want STOPPED", got.State, got.FailureMessage)
+	}
+}

@@ -11,12 +11,10 @@ import (
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 )
 
-// errStreamEnded: the server closed a command stream without a Stop (it
-// only does that on purpose after a Stop), so it is treated as a disconnect.
-var errStreamEnded = status.Error(codes.Unavailable, "command stream ended without a Stop")
-
 // errNoStop: a poll found the run terminal and no command after the last
-// delivered one.
+// delivered one. The coordinator answers a terminal state only once the
+// run's Stop is durable, so the Stop lies before this worker's resume point
+// (it registered after the run ended, or replay was off): the run is over.
 var errNoStop = errors.New("the run is over but no Stop was delivered")
 
 // receive runs follow and closes Commands when it returns.
@@ -65,10 +63,7 @@ func (w *Worker) fetch(ctx context.Context) (stopped, progressed bool, err error
 // backoff, or the error that ends the worker.
 func (w *Worker) recover(ctx context.Context, err error) error {
 	if errors.Is(err, errNoStop) {
-		if w.emptyTerminalPolls++; w.emptyTerminalPolls >= 3 {
-			return ErrRunEnded
-		}
-		return nil
+		return ErrRunEnded
 	}
 	code := status.Code(err)
 	switch code {
@@ -115,7 +110,12 @@ func (w *Worker) stream(ctx context.Context) (stopped, progressed bool, err erro
 	for {
 		resp, err := s.Recv()
 		if errors.Is(err, io.EOF) {
-			return false, progressed, errStreamEnded
+			// The coordinator ends a stream without a Stop only when the run
+			// is over and the Stop lies before our resume point. One poll
+			// (answered at once for a finished run) tells that apart from
+			// anything unexpected, which it then simply continues.
+			stopped, polled, err := w.poll(ctx)
+			return stopped, progressed || polled, err
 		}
 		if err != nil {
 			return false, progressed, err
@@ -143,11 +143,7 @@ func (w *Worker) poll(ctx context.Context) (stopped, progressed bool, err error)
 		}
 	}
 	if len(resp.GetCommands()) == 0 && terminal(resp.GetRunState()) {
-		// Polls of a terminal run return at once, so this must not spin.
-		// The run's state can be answered a moment before its Stop is
-		// durable and delivered, so only repeated empty answers mean the
-		// Stop lies before this worker's first seq.
-		return false, false, errNoStop
+		return false, false, errNoStop // polls of a terminal run return at once: must not spin
 	}
 	return false, true, nil
 }

@@ -74,8 +74,6 @@ type Worker struct {
 	closeOnce sync.Once
 	closeErr  error
 
-	emptyTerminalPolls int // owned by the command loop
-
 	mu       sync.Mutex
 	reg      *v1.RegisterWorkerResponse
 	lastAck  time.Time // the last registration or acknowledged heartbeat

@@ -65,10 +65,10 @@ func (c *cursor) next(after int64) (cmds []*v1.Command, changed <-chan struct{},
 	return c.r.pending(after, c.role), changed, c.r.state(), settled, nil
 }
 
-func (c *cursor) delivered(cmds []*v1.Command) {
+func (c *cursor) delivered(ctx context.Context, cmds []*v1.Command) {
 	now := c.e.clk.Now()
 	for _, cmd := range cmds {
-		c.e.obs.CommandDelivered(commandKind(cmd), now.Sub(cmd.IssuedAt.AsTime()))
+		c.e.obs.CommandDelivered(ctx, commandKind(cmd), now.Sub(cmd.IssuedAt.AsTime()))
 	}
 }
 
@@ -87,7 +87,7 @@ func (e *Engine) streamCommands(ctx context.Context, req *v1.StreamCommandsReque
 			return nil // the run is over and this worker already has its Stop
 		}
 		for _, cmd := range cmds {
-			c.delivered([]*v1.Command{cmd}) // counted before Send returns, so a reader who has it sees it counted
+			c.delivered(ctx, []*v1.Command{cmd}) // counted before Send returns, so a reader who has it sees it counted
 			if err := send(cmd); err != nil {
 				return err
 			}
@@ -149,7 +149,7 @@ func (e *Engine) pollCommands(ctx context.Context, req *v1.PollCommandsRequest) 
 			continue
 		}
 		if len(cmds) > 0 || wait <= 0 || isTerminal(state) || waitCtx.Err() != nil {
-			c.delivered(cmds)
+			c.delivered(ctx, cmds)
 			return &v1.PollCommandsResponse{Commands: cmds, RunState: state}, nil
 		}
 		if err := e.await(waitCtx, changed); err != nil && (ctx.Err() != nil || waitCtx.Err() == nil) {

@@ -196,7 +196,7 @@ func (e *Engine) mutateRun(ctx context.Context, r *runState, fn func(m *mut) err
 	if werr := e.wait(ctx, last); werr != nil {
 		return werr
 	}
-	m.observed()
+	m.observed(ctx)
 	return err
 }
 

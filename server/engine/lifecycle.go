@@ -59,7 +59,7 @@ func (e *Engine) createRun(ctx context.Context, req *v1.CreateRunRequest) (*v1.C
 	if err := e.wait(ctx, last); err != nil {
 		return nil, err
 	}
-	m.observed()
+	m.observed(ctx)
 	return &v1.CreateRunResponse{Run: view, RunToken: token}, nil
 }
 

@@ -1,30 +1,34 @@
 package engine
 
 import (
+	"context"
 	"time"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 )
 
-// Observer receives the engine's countable happenings, for metrics. Calls
-// are made outside any lock and must not block.
+// Observer receives the engine's countable happenings, for metrics and
+// traces. Calls are made outside any lock, once the change is durable, and
+// must not block. ctx is the call that caused the happening (so a span can
+// be its child), or a background context for a timer's.
 type Observer interface {
-	Decision(action v1.StepAction)
-	DeadlineFired(kind v1.DeadlineFireKind)
-	CommandIssued(kind string)
+	Decision(ctx context.Context, action v1.StepAction)
+	DeadlineFired(ctx context.Context, kind v1.DeadlineFireKind)
+	CommandIssued(ctx context.Context, kind string)
 	// CommandDelivered is called when a command is sent on a stream or
 	// returned by a poll, with the time since it was issued.
-	CommandDelivered(kind string, latency time.Duration)
-	SnapshotCompleted(reason v1.SnapshotReason, outcome v1.SnapshotOutcome, seconds float64)
+	CommandDelivered(ctx context.Context, kind string, latency time.Duration)
+	SnapshotCompleted(ctx context.Context, reason v1.SnapshotReason, outcome v1.SnapshotOutcome, seconds float64)
 }
 
 type nopObserver struct{}
 
-func (nopObserver) Decision(v1.StepAction)                                           {}
-func (nopObserver) DeadlineFired(v1.DeadlineFireKind)                                {}
-func (nopObserver) CommandIssued(string)                                             {}
-func (nopObserver) CommandDelivered(string, time.Duration)                           {}
-func (nopObserver) SnapshotCompleted(v1.SnapshotReason, v1.SnapshotOutcome, float64) {}
+func (nopObserver) Decision(context.Context, v1.StepAction)                 {}
+func (nopObserver) DeadlineFired(context.Context, v1.DeadlineFireKind)      {}
+func (nopObserver) CommandIssued(context.Context, string)                   {}
+func (nopObserver) CommandDelivered(context.Context, string, time.Duration) {}
+func (nopObserver) SnapshotCompleted(context.Context, v1.SnapshotReason, v1.SnapshotOutcome, float64) {
+}
 
 // Stats counts runs by state and workers by role and state, for gauges.
 type Stats struct {

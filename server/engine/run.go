@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"context"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -167,14 +168,14 @@ type mut struct {
 	b        store.Batch
 	runDirty bool
 	notify   wake
-	after    []func() // observer calls, made after the lock is released
+	after    []func(context.Context) // observer calls, made after the lock is released
 }
 
 func (m *mut) ts() *timestamppb.Timestamp { return timestamppb.New(m.now) }
 
 func (m *mut) dirty() { m.runDirty = true }
 
-func (m *mut) observe(f func()) { m.after = append(m.after, f) }
+func (m *mut) observe(f func(context.Context)) { m.after = append(m.after, f) }
 
 func (m *mut) putStep(s *storagev1.StepRecord) {
 	m.r.steps[s.Step] = s
@@ -209,7 +210,7 @@ func (m *mut) command(audience v1.WorkerRole, c *v1.Command) *v1.Command {
 	kind := commandKind(c)
 	m.event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_COMMAND_ISSUED, CommandSeq: c.Seq,
 		Message: "command " + kind + " issued to " + audienceName(audience)})
-	m.observe(func() { m.e.obs.CommandIssued(kind) })
+	m.observe(func(ctx context.Context) { m.e.obs.CommandIssued(ctx, kind) })
 	return c
 }
 
@@ -233,9 +234,9 @@ func (m *mut) flush() {
 // observed makes the mutation's observer calls. Called once the run is
 // unlocked and the commit waited for, so that metrics reflect a change by the
 // time its caller hears of it.
-func (m *mut) observed() {
+func (m *mut) observed(ctx context.Context) {
 	for _, f := range m.after {
-		f()
+		f(ctx)
 	}
 }
 

@@ -269,7 +269,7 @@ func (m *mut) completeSnapshot(s *v1.Snapshot, outcome v1.SnapshotOutcome, why s
 	m.event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_SNAPSHOT_COMPLETED, SnapshotId: s.SnapshotId, Step: s.AnchorStep,
 		Message: fmt.Sprintf("snapshot %s %s after %.3g s: %s", s.SnapshotId, outcomeName(outcome), s.DurationSeconds, why)})
 	reason, dur := s.Reason, s.DurationSeconds
-	m.observe(func() { m.e.obs.SnapshotCompleted(reason, outcome, dur) })
+	m.observe(func(ctx context.Context) { m.e.obs.SnapshotCompleted(ctx, reason, outcome, dur) })
 	if outcome == v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SAVED {
 		m.recordReserve(s.DurationSeconds)
 	}

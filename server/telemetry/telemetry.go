@@ -151,33 +151,35 @@ func (t *Telemetry) Shutdown(ctx context.Context) error {
 // "store.commit" span covering the commit.
 func (t *Telemetry) OnCommit(batches int, d time.Duration) {
 	t.metrics.committed(batches, d)
-	t.tracing.interval("store.commit", d, attribute.Int("snapcoord.store.batches", batches))
+	// A group commit serves many calls at once: its span is a root.
+	t.tracing.interval(context.Background(), "store.commit", d, attribute.Int("snapcoord.store.batches", batches))
 }
 
-// Decision implements engine.Observer.
-func (t *Telemetry) Decision(action v1.StepAction) {
+// Decision implements engine.Observer: a "deadline.decision" span, a child
+// of the CompleteStep call that made it.
+func (t *Telemetry) Decision(ctx context.Context, action v1.StepAction) {
 	t.metrics.decision(action)
-	t.tracing.interval("deadline.decision", 0, attribute.String("snapcoord.action", action.String()))
+	t.tracing.interval(ctx, "deadline.decision", 0, attribute.String("snapcoord.action", action.String()))
 }
 
 // DeadlineFired implements engine.Observer.
-func (t *Telemetry) DeadlineFired(kind v1.DeadlineFireKind) {
+func (t *Telemetry) DeadlineFired(ctx context.Context, kind v1.DeadlineFireKind) {
 	t.metrics.deadlineFired(kind)
-	t.tracing.interval("deadline.fire", 0, attribute.String("snapcoord.fire_kind", kind.String()))
+	t.tracing.interval(ctx, "deadline.fire", 0, attribute.String("snapcoord.fire_kind", kind.String()))
 }
 
 // CommandIssued implements engine.Observer.
-func (t *Telemetry) CommandIssued(kind string) { t.metrics.commandIssued(kind) }
+func (t *Telemetry) CommandIssued(_ context.Context, kind string) { t.metrics.commandIssued(kind) }
 
 // CommandDelivered implements engine.Observer.
-func (t *Telemetry) CommandDelivered(kind string, latency time.Duration) {
+func (t *Telemetry) CommandDelivered(_ context.Context, kind string, latency time.Duration) {
 	t.metrics.commandDelivered(kind, latency)
 }
 
 // SnapshotCompleted implements engine.Observer.
-func (t *Telemetry) SnapshotCompleted(reason v1.SnapshotReason, outcome v1.SnapshotOutcome, seconds float64) {
+func (t *Telemetry) SnapshotCompleted(ctx context.Context, reason v1.SnapshotReason, outcome v1.SnapshotOutcome, seconds float64) {
 	t.metrics.snapshotCompleted(reason, outcome, seconds)
-	t.tracing.interval("snapshot", time.Duration(seconds*float64(time.Second)),
+	t.tracing.interval(ctx, "snapshot", time.Duration(seconds*float64(time.Second)),
 		attribute.String("snapcoord.snapshot_reason", reason.String()),
 		attribute.String("snapcoord.snapshot_outcome", outcome.String()))
 }

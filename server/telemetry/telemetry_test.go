@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -238,14 +239,15 @@ func TestMetricsExposeTheNamedSeries(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	ctx := t.Context()
 	var obs engine.Observer = tel
-	obs.Decision(v1.StepAction_STEP_ACTION_CONTINUE)
-	obs.Decision(v1.StepAction_STEP_ACTION_CONTINUE)
-	obs.Decision(v1.StepAction_STEP_ACTION_SAVE_AND_STOP)
-	obs.DeadlineFired(v1.DeadlineFireKind_DEADLINE_FIRE_KIND_STEP)
-	obs.CommandIssued("save_at_deadline")
-	obs.CommandDelivered("save_at_deadline", 30*time.Millisecond)
-	obs.SnapshotCompleted(v1.SnapshotReason_SNAPSHOT_REASON_DEADLINE, v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SAVED, 12.5)
+	obs.Decision(ctx, v1.StepAction_STEP_ACTION_CONTINUE)
+	obs.Decision(ctx, v1.StepAction_STEP_ACTION_CONTINUE)
+	obs.Decision(ctx, v1.StepAction_STEP_ACTION_SAVE_AND_STOP)
+	obs.DeadlineFired(ctx, v1.DeadlineFireKind_DEADLINE_FIRE_KIND_STEP)
+	obs.CommandIssued(ctx, "save_at_deadline")
+	obs.CommandDelivered(ctx, "save_at_deadline", 30*time.Millisecond)
+	obs.SnapshotCompleted(ctx, v1.SnapshotReason_SNAPSHOT_REASON_DEADLINE, v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SAVED, 12.5)
 	tel.OnCommit(3, 2*time.Millisecond)
 
 	fams := scrape(t, tel.Handler(false))
@@ -301,8 +303,9 @@ func TestPprofOnlyWhenAsked(t *testing.T) {
 // collector is a fake OTLP trace receiver.
 type collector struct {
 	coltracepb.UnimplementedTraceServiceServer
-	mu    sync.Mutex
-	names []string
+	mu      sync.Mutex
+	names   []string
+	parents map[string]string // span name -> hex parent span id
 }
 
 func (c *collector) Export(_ context.Context, req *coltracepb.ExportTraceServiceRequest) (*coltracepb.ExportTraceServiceResponse, error) {
@@ -312,6 +315,10 @@ func (c *collector) Export(_ context.Context, req *coltracepb.ExportTraceService
 		for _, ss := range rs.GetScopeSpans() {
 			for _, s := range ss.GetSpans() {
 				c.names = append(c.names, s.GetName())
+				if c.parents == nil {
+					c.parents = map[string]string{}
+				}
+				c.parents[s.GetName()] = fmt.Sprintf("%x", s.GetParentSpanId())
 			}
 		}
 	}
@@ -364,13 +371,26 @@ func TestTracesExportedWithOTLP(t *testing.T) {
 		t.Fatal(err)
 	}
 	tel.OnCommit(2, time.Millisecond)
-	tel.Decision(v1.StepAction_STEP_ACTION_SAVE_AND_STOP)
-	tel.DeadlineFired(v1.DeadlineFireKind_DEADLINE_FIRE_KIND_STEP)
+	// A decision is a child of the call that made it (the engine passes
+	// the RPC's context); a timer's fire has no caller and is a root.
+	callCtx, call := tel.Tracer().Start(t.Context(), "CompleteStep call")
+	tel.Decision(callCtx, v1.StepAction_STEP_ACTION_SAVE_AND_STOP)
+	call.End()
+	tel.DeadlineFired(t.Context(), v1.DeadlineFireKind_DEADLINE_FIRE_KIND_STEP)
 	stop() // the server span ends after the client has its answer
 	// Shutdown flushes the batch processor: the spans are exported by the
 	// time it returns.
 	if err := tel.Shutdown(t.Context()); err != nil {
 		t.Fatalf("Shutdown: %v", err)
+	}
+	col.mu.Lock()
+	decisionParent, fireParent := col.parents["deadline.decision"], col.parents["deadline.fire"]
+	col.mu.Unlock()
+	if want := call.SpanContext().SpanID().String(); decisionParent != want {
+		t.Errorf("deadline.decision parent %q, want the call's span %q", decisionParent, want)
+	}
+	if fireParent != "" {
+		t.Errorf("deadline.fire parent %q, want a root span", fireParent)
 	}
 	got := strings.Join(col.spanNames(), ",")
 	for _, want := range []string{"snapcoord.v1.WorkerService/Heartbeat", "store.commit", "deadline.decision", "deadline.fire"} {

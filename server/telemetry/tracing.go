@@ -67,15 +67,14 @@ func firstSet(lookup func(string) (string, bool), names ...string) string {
 	return ""
 }
 
-// interval records a span that ended now and lasted d. The engine's hooks
-// report after the fact and carry no context, so these spans are roots,
-// not children of the RPC that caused them.
-func (t *tracing) interval(name string, d time.Duration, kv ...attribute.KeyValue) {
+// interval records a span that ended now and lasted d, as a child of the
+// span in ctx (the RPC that caused it), or a root for a timer's happening.
+func (t *tracing) interval(ctx context.Context, name string, d time.Duration, kv ...attribute.KeyValue) {
 	if !t.exported {
 		return
 	}
 	end := time.Now()
-	_, span := t.tracer.Start(context.Background(), name,
+	_, span := t.tracer.Start(ctx, name,
 		trace.WithTimestamp(end.Add(-d)), trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(kv...))
 	span.End(trace.WithTimestamp(end))
 }

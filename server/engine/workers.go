@@ -16,10 +16,6 @@ import (
 )
 
 // worker returns the calling worker, checking that its role may make the call.
-func (m *mut) worker(id string, role v1.WorkerRole, rpc string) (*workerState, error) {
-	return m.r.worker(id, role, rpc)
-}
-
 func (r *runState) worker(id string, role v1.WorkerRole, rpc string) (*workerState, error) {
 	w := r.workers[id]
 	if w == nil {
@@ -217,7 +213,7 @@ func (m *mut) workerGone() {
 func (e *Engine) heartbeat(ctx context.Context, req *v1.HeartbeatRequest) (*v1.HeartbeatResponse, error) {
 	resp := &v1.HeartbeatResponse{}
 	err := e.mutate(ctx, req.RunId, func(m *mut) error {
-		w, err := m.worker(req.WorkerId, v1.WorkerRole_WORKER_ROLE_UNSPECIFIED, "Heartbeat")
+		w, err := m.r.worker(req.WorkerId, v1.WorkerRole_WORKER_ROLE_UNSPECIFIED, "Heartbeat")
 		if err != nil {
 			return err
 		}
@@ -242,7 +238,7 @@ func (e *Engine) heartbeat(ctx context.Context, req *v1.HeartbeatRequest) (*v1.H
 
 func (e *Engine) deregisterWorker(ctx context.Context, req *v1.DeregisterWorkerRequest) (*v1.DeregisterWorkerResponse, error) {
 	err := e.mutate(ctx, req.RunId, func(m *mut) error {
-		w, err := m.worker(req.WorkerId, v1.WorkerRole_WORKER_ROLE_UNSPECIFIED, "DeregisterWorker")
+		w, err := m.r.worker(req.WorkerId, v1.WorkerRole_WORKER_ROLE_UNSPECIFIED, "DeregisterWorker")
 		if err != nil || w.w.State == v1.WorkerState_WORKER_STATE_LEFT {
 			return err
 		}

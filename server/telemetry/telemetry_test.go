@@ -15,6 +15,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
@@ -421,4 +422,50 @@ func TestRoutineCallsLogAtDebug(t *testing.T) {
 	if want := []string{"DEBUG", "WARN", "INFO"}; !slices.Equal(levels, want) {
 		t.Fatalf("levels %v, want %v", levels, want)
 	}
+}
+
+// With debug off, a routine call that succeeds writes nothing, and one that
+// fails is logged like any other call, with its own start and duration.
+// The handlers run in a synctest bubble, so the 1.5 s poll takes no time.
+func TestRoutineCallsSkipLoggingUnlessTheyFail(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var buf bytes.Buffer
+		intercept := RPCLoggingUnary(slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelInfo})))
+		call := func(method string, err error) {
+			info := &grpc.UnaryServerInfo{FullMethod: "/snapcoord.v1.WorkerService/" + method}
+			req := &v1.PollCommandsRequest{RunId: "run-1", WorkerId: "w-1"}
+			_, got := intercept(t.Context(), req, info, func(context.Context, any) (any, error) {
+				time.Sleep(1500 * time.Millisecond)
+				return nil, err
+			})
+			if got != err {
+				t.Fatalf("%s returned %v, want %v", method, got, err)
+			}
+		}
+		start := time.Now()
+		call("Heartbeat", nil)
+		call("PollCommands", nil)
+		if buf.Len() != 0 {
+			t.Fatalf("successful routine calls logged at info:\n%s", &buf)
+		}
+		polled := time.Now()
+		call("PollCommands", status.Error(codes.Unavailable, "the coordinator is shutting down"))
+
+		line := buf.String()
+		for _, field := range []string{`"grpc.time_ms"`, `"grpc.start_time"`} {
+			if n := strings.Count(line, field); n != 1 {
+				t.Errorf("%s appears %d times in %s", field, n, line)
+			}
+		}
+		l := parseLines(t, line)[0]
+		if l["level"] != "WARN" || l["grpc.method"] != "PollCommands" || l["grpc.code"] != "Unavailable" || l[FieldRunID] != "run-1" || l[FieldWorkerID] != "w-1" {
+			t.Errorf("line = %v; want a WARN for PollCommands, Unavailable, run-1, w-1", l)
+		}
+		if l["grpc.time_ms"] != "1500" {
+			t.Errorf("grpc.time_ms = %v, want the call's 1500", l["grpc.time_ms"])
+		}
+		if want := polled.Format(time.RFC3339); l["grpc.start_time"] != want || !polled.After(start) {
+			t.Errorf("grpc.start_time = %v, want the call's start %s", l["grpc.start_time"], want)
+		}
+	})
 }

@@ -24,79 +24,115 @@ type fanoutResult struct {
 	round     time.Duration // the warm-up snapshot: issued, delivered and reported by every worker
 }
 
-// fanout: N environment workers, each with its own connection, stream (or
-// long-poll) their commands and heartbeat at the default 5 s interval. A
-// warm-up snapshot proves every stream is open (and that every worker
-// reports); memory is read then. TriggerDeadline before the first step
-// fires the deadline at once: SaveAtDeadline goes to every worker, and
-// latency runs from just before the trigger call to each receipt.
+// fanout: N environment workers stream (or long-poll) their commands and
+// heartbeat at the default 5 s interval, each over its own connection as
+// separate worker processes do; then N streaming workers again, sharing a
+// connection per --node-workers-per-conn, as workers hosted by one process
+// on a node do through one client. A warm-up snapshot proves every stream
+// is open (and that every worker reports); memory is read then.
+// TriggerDeadline before the first step fires the deadline at once:
+// SaveAtDeadline goes to every worker, and latency runs from just before
+// the trigger call to each receipt.
 func (b *bench) fanout(ctx context.Context) error {
 	n := b.cfg.fanoutWorkers
-	fstream, err := b.fanoutFloor(ctx, n, false)
-	if err != nil {
-		return err
+	shapes := []fanoutShape{{id: "", per: b.cfg.workersPerConn, poll: false}, {id: "", per: b.cfg.workersPerConn, poll: true}}
+	if node := b.cfg.nodeWorkersPerConn; node > 1 && node != b.cfg.workersPerConn {
+		shapes = append(shapes, fanoutShape{id: "_node", per: node})
 	}
-	fpoll, err := b.fanoutFloor(ctx, n, true)
-	if err != nil {
-		return err
-	}
-	c, err := b.startCoord(ctx, "fanout", "--max-workers-per-run", strconv.Itoa(n+1))
-	if err != nil {
-		return err
-	}
-	defer c.stop()
-	stream, err := b.fanoutCoord(ctx, c, "fanout-stream", n, false)
-	if err != nil {
-		return err
-	}
-	poll, err := b.fanoutCoord(ctx, c, "fanout-poll", n, true)
-	if err != nil {
-		return err
-	}
-	for _, f := range []struct {
-		kind      string
-		res, flor fanoutResult
-	}{{"streaming", stream, fstream}, {"polling", poll, fpoll}} {
-		l, fl := summarize(f.res.lats), summarize(f.flor.lats)
-		r := row{
-			ID: "fanout_" + f.kind, Figure: fmt.Sprintf("SaveAtDeadline → %d %s workers, p99", n, f.kind),
-			Value: ms(l.P99), Unit: "ms", Lat: latOf(l), Floor: ms(fl.P99), FloorWhat: "no-op gRPC broadcast", FloorLat: latOf(fl),
-			Note: fmt.Sprintf("delivered %.2f %% (floor %.2f %%) within %s; registering all took %.1f s (floor %.1f s); a whole snapshot round (issue, deliver, every worker reports SAVED) took %.2f s (floor %.2f s)",
-				100*f.res.delivered, 100*f.flor.delivered, b.cfg.fanoutTimeout, f.res.register.Seconds(), f.flor.register.Seconds(),
-				f.res.round.Seconds(), f.flor.round.Seconds()),
+	var c *coord
+	defer func() {
+		if c != nil {
+			c.stop()
 		}
-		if f.kind == "streaming" {
-			r.Target = "p99 ≤ 250 ms, 100 % at 10000"
-			if n >= 10000 {
-				r.Met = met(l.P99 <= 250*time.Millisecond && f.res.delivered == 1)
-			} else {
-				r.Note += "; the target is for 10000 workers: run with --fanout-workers 10000"
+	}()
+	for _, sh := range shapes {
+		flor, err := b.fanoutFloor(ctx, n, sh)
+		if err != nil {
+			return err
+		}
+		// Polling follows streaming on the same coordinator; the node shape
+		// gets a fresh one, so that its memory is not what the earlier
+		// workers left behind.
+		if c == nil || sh.id != "" {
+			if c != nil {
+				c.stop()
+			}
+			if c, err = b.startCoord(ctx, "fanout"+sh.id, "--max-workers-per-run", strconv.Itoa(n+1)); err != nil {
+				return err
 			}
 		}
-		b.add(r)
+		res, err := b.fanoutCoord(ctx, c, "fanout"+sh.id+"-"+sh.kind(), n, sh)
+		if err != nil {
+			return err
+		}
+		b.fanoutRows(n, sh, res, flor)
 	}
-	conn := "one connection per worker"
-	if b.cfg.workersPerConn > 1 {
-		conn = fmt.Sprintf("%d workers per connection", b.cfg.workersPerConn)
+	return nil
+}
+
+// fanoutShape is how the workers of one broadcast connect and wait.
+type fanoutShape struct {
+	id   string // suffix of the rows' ids
+	per  int    // workers per connection
+	poll bool
+}
+
+func (sh fanoutShape) kind() string {
+	if sh.poll {
+		return "poll"
+	}
+	return "stream"
+}
+
+func (sh fanoutShape) waiting() string {
+	if sh.poll {
+		return "polling"
+	}
+	return "streaming"
+}
+
+func (sh fanoutShape) conns() string {
+	if sh.per > 1 {
+		return fmt.Sprintf("%d per connection", sh.per)
+	}
+	return "a connection each"
+}
+
+func (b *bench) fanoutRows(n int, sh fanoutShape, res, flor fanoutResult) {
+	kind := sh.waiting()
+	l, fl := summarize(res.lats), summarize(flor.lats)
+	r := row{
+		ID: "fanout_" + kind + sh.id, Figure: fmt.Sprintf("SaveAtDeadline → %d %s workers, %s, p99", n, kind, sh.conns()),
+		Value: ms(l.P99), Unit: "ms", Lat: latOf(l), Floor: ms(fl.P99), FloorWhat: "no-op gRPC broadcast", FloorLat: latOf(fl),
+		Note: fmt.Sprintf("delivered %.2f %% (floor %.2f %%) within %s; registering all took %.1f s (floor %.1f s); a whole snapshot round (issue, deliver, every worker reports SAVED) took %.2f s (floor %.2f s)",
+			100*res.delivered, 100*flor.delivered, b.cfg.fanoutTimeout, res.register.Seconds(), flor.register.Seconds(),
+			res.round.Seconds(), flor.round.Seconds()),
+	}
+	if !sh.poll {
+		r.Target = "p99 ≤ 250 ms, 100 % at 10000"
+		if n >= 10000 {
+			r.Met = met(l.P99 <= 250*time.Millisecond && res.delivered == 1)
+		} else {
+			r.Note += "; the target is for 10000 workers: run with --fanout-workers 10000"
+		}
+	}
+	b.add(r)
+	if sh.poll {
+		return
 	}
 	b.add(row{
-		ID: "memory_per_stream", Figure: fmt.Sprintf("RSS per connected streaming worker (%d)", n),
-		Value: stream.rssPer / 1024, Unit: "KiB", Floor: fstream.rssPer / 1024, FloorWhat: "no-op gRPC",
-		Target: "≤ 20 KiB", Met: met(stream.rssPer <= 20*1024),
-		Note: "coordinator VmRSS after every worker registered, opened its stream and reported a snapshot, minus VmRSS before; " + conn,
+		ID: "memory_per_stream" + sh.id, Figure: fmt.Sprintf("RSS per streaming worker (%d, %s)", n, sh.conns()),
+		Value: res.rssPer / 1024, Unit: "KiB", Floor: flor.rssPer / 1024, FloorWhat: "no-op gRPC",
+		Target: "≤ 20 KiB", Met: met(res.rssPer <= 20*1024),
+		Note: "coordinator VmRSS after every worker registered, opened its stream and reported a snapshot, minus VmRSS before",
 	})
-	return nil
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
 // fanoutFloor is the same broadcast by the no-op server.
-func (b *bench) fanoutFloor(ctx context.Context, n int, poll bool) (fanoutResult, error) {
-	name := "fanout-stream"
-	if poll {
-		name = "fanout-poll"
-	}
-	fl, err := b.startFloor(ctx, name)
+func (b *bench) fanoutFloor(ctx context.Context, n int, sh fanoutShape) (fanoutResult, error) {
+	fl, err := b.startFloor(ctx, "fanout"+sh.id+"-"+sh.kind())
 	if err != nil {
 		return fanoutResult{}, err
 	}
@@ -117,14 +153,14 @@ func (b *bench) fanoutFloor(ctx context.Context, n int, poll bool) (fanoutResult
 		}
 	}
 	return b.broadcast(ctx, fanoutSpec{
-		server: fl, rssBefore: before, addr: fl.Addr, runID: "floor", token: "floor-token", n: n, poll: poll,
+		server: fl, rssBefore: before, addr: fl.Addr, runID: "floor", token: "floor-token", n: n, shape: sh,
 		warmup: trigger(warmupReason), trigger: trigger("bench"),
 	})
 }
 
 // fanoutCoord registers n environment workers (and one trainer rank, whose
 // checkpoint issues the warm-up snapshot) in a new run, then broadcasts.
-func (b *bench) fanoutCoord(ctx context.Context, c *coord, runID string, n int, poll bool) (fanoutResult, error) {
+func (b *bench) fanoutCoord(ctx context.Context, c *coord, runID string, n int, sh fanoutShape) (fanoutResult, error) {
 	token, err := createRun(ctx, c.Addr, runID, runSpec(1, v1.TargetLevel_TARGET_LEVEL_TURN))
 	if err != nil {
 		return fanoutResult{}, err
@@ -150,10 +186,10 @@ func (b *bench) fanoutCoord(ctx context.Context, c *coord, runID string, n int, 
 		return err
 	}
 	sp := fanoutSpec{
-		server: c.Proc, rssBefore: before, addr: c.Addr, runID: runID, token: token, n: n, poll: poll,
+		server: c.Proc, rssBefore: before, addr: c.Addr, runID: runID, token: token, n: n, shape: sh,
 		warmup: warm, trigger: fire,
 	}
-	if !poll {
+	if !sh.poll {
 		sp.afterWarm = b.heapHook(c, runID)
 	}
 	return b.broadcast(ctx, sp)
@@ -167,7 +203,7 @@ type fanoutSpec struct {
 	runID     string
 	token     string
 	n         int
-	poll      bool
+	shape     fanoutShape
 	warmup    func(context.Context) error // issues a Snapshot to every worker
 	trigger   func(context.Context) error // issues SaveAtDeadline
 	afterWarm func()
@@ -185,7 +221,7 @@ func (b *bench) broadcast(ctx context.Context, sp fanoutSpec) (fanoutResult, err
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer cancel()
-	conns := &sharedConns{addr: sp.addr, per: b.cfg.workersPerConn}
+	conns := &sharedConns{addr: sp.addr, per: sp.shape.per}
 	defer conns.close()
 	start := time.Now()
 	err := forEach(ctx, n, 64, func(ctx context.Context, i int) error {
@@ -198,7 +234,7 @@ func (b *bench) broadcast(ctx context.Context, sp fanoutSpec) (fanoutResult, err
 			return err
 		}
 		wg.Go(func() { s.heartbeat(tctx, w) })
-		wg.Go(func() { s.receive(tctx, i, w, sp.poll) })
+		wg.Go(func() { s.receive(tctx, i, w, sp.shape.poll) })
 		return nil
 	})
 	if err != nil {
@@ -206,7 +242,7 @@ func (b *bench) broadcast(ctx context.Context, sp fanoutSpec) (fanoutResult, err
 	}
 	var res fanoutResult
 	res.register = time.Since(start)
-	b.logf("  %s: %d workers registered and %s in %.1f s", sp.runID, n, map[bool]string{true: "polling", false: "streaming"}[sp.poll],
+	b.logf("  %s: %d workers registered and %s in %.1f s", sp.runID, n, sp.shape.waiting(),
 		res.register.Seconds())
 	start = time.Now()
 	if err := sp.warmup(ctx); err != nil {
@@ -218,7 +254,7 @@ func (b *bench) broadcast(ctx context.Context, sp fanoutSpec) (fanoutResult, err
 	}
 	res.round = time.Since(start)
 	b.logf("  warm-up snapshot delivered to and reported by all %d in %.2f s", n, res.round.Seconds())
-	if !sp.poll {
+	if !sp.shape.poll {
 		after, err := sp.server.RSS()
 		if err != nil {
 			return res, err

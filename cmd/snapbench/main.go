@@ -65,6 +65,7 @@ type config struct {
 	reportWorkers       []int
 	fanoutWorkers       int
 	workersPerConn      int
+	nodeWorkersPerConn  int
 	fanoutTimeout       time.Duration
 	heartbeatWorkers    int
 	restartRuns         int
@@ -94,6 +95,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	reports := fs.String("report-workers", "1,16,256", "concurrent workers for the durable-report figure, comma-separated")
 	fs.IntVar(&cfg.fanoutWorkers, "fanout-workers", 10000, "streaming workers, and polling workers, receiving SaveAtDeadline, one connection each")
 	fs.IntVar(&cfg.workersPerConn, "workers-per-conn", 1, "fan-out workers sharing one connection (1: a connection each, as separate processes have)")
+	fs.IntVar(&cfg.nodeWorkersPerConn, "node-workers-per-conn", 100, "then the streaming fan-out again with this many workers sharing a connection, as workers hosted by one process on a node do (0: skip)")
 	fs.DurationVar(&cfg.fanoutTimeout, "fanout-timeout", 30*time.Second, "how long after the trigger a command still counts as delivered")
 	fs.IntVar(&cfg.heartbeatWorkers, "heartbeat-workers", 64, "workers heartbeating back to back")
 	fs.IntVar(&cfg.restartRuns, "restart-runs", 1000, "runs in the data directory for the restart figure")

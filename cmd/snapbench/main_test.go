@@ -51,6 +51,7 @@ func TestEveryPhaseAtToySizes(t *testing.T) {
 		t.Fatalf("JSON: %v\n%s", err, &stdout)
 	}
 	want := []string{"complete_step", "reports_1", "reports_4", "fanout_streaming", "fanout_polling", "memory_per_stream",
+		"fanout_streaming_node", "memory_per_stream_node",
 		"heartbeats", "heartbeat_cpu", "restart"}
 	got := map[string]row{}
 	for _, r := range rep.Rows {

@@ -78,7 +78,7 @@ func (b *bench) report() report {
 	r.Config = map[string]any{
 		"warmup": c.warmup.String(), "duration": c.duration.String(),
 		"step_runs": c.stepRuns, "step_ranks": c.stepRanks, "report_workers": c.reportWorkers,
-		"fanout_workers": c.fanoutWorkers, "workers_per_conn": c.workersPerConn, "heartbeat_workers": c.heartbeatWorkers,
+		"fanout_workers": c.fanoutWorkers, "workers_per_conn": c.workersPerConn, "node_workers_per_conn": c.nodeWorkersPerConn, "heartbeat_workers": c.heartbeatWorkers,
 		"restart_runs": c.restartRuns, "restart_workers_per_run": c.restartWorkers, "restart_steps": c.restartSteps,
 		"serve_args": c.serveArgs,
 	}

@@ -177,7 +177,7 @@ type attrKey struct{ k1, v1, k2, v2 string }
 
 // attrSets remembers each measurement's attribute set. The values come from
 // small enums, and building a set on every call (a sort and a hash, in a
-// 1.6 KiB stack frame) cost CPU on every command delivered and grew every
+// 3.5 KiB stack frame) cost CPU on every command delivered and grew every
 // command stream's goroutine stack from 8 KiB to 16 KiB.
 type attrSets struct {
 	mu   sync.RWMutex

@@ -86,6 +86,12 @@ type Worker struct {
 // StartWorker registers a worker and starts its heartbeats and command
 // delivery. ctx bounds the registration only; the worker runs until Close
 // or until its commands end (after a Stop).
+//
+// Workers started from one Client share its connection. A process hosting
+// many workers should start them from one Client: each connection costs the
+// coordinator goroutines and buffers of its own, and a broadcast to many
+// streams on few connections is several times faster than to one stream
+// per connection.
 func (c *Client) StartWorker(ctx context.Context, cfg WorkerConfig) (*Worker, error) {
 	cfg = cfg.withDefaults()
 	w := &Worker{c: c, cfg: cfg, log: cfg.Logger, cmds: make(chan *v1.Command), done: make(chan struct{}), polling: cfg.Poll}

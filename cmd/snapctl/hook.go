@@ -125,13 +125,12 @@ func (t *tailWriter) String() string {
 }
 
 // snapshotEnv is what a snapshot hook learns about its snapshot.
-func snapshotEnv(runID string, s snapshotOrder) []string {
+func snapshotEnv(s snapshotOrder) []string {
 	mustFinish := ""
 	if !s.mustFinishBy.IsZero() {
 		mustFinish = s.mustFinishBy.UTC().Format(time.RFC3339)
 	}
 	return []string{
-		"SNAPCOORD_RUN_ID=" + runID,
 		"SNAPCOORD_SNAPSHOT_ID=" + s.id,
 		"SNAPCOORD_REASON=" + s.reason,
 		fmt.Sprintf("SNAPCOORD_ANCHOR_STEP=%d", s.anchorStep),

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strconv"
+	"sync"
 	"time"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
@@ -17,6 +19,7 @@ import (
 type sidecarConfig struct {
 	runID, runToken, runTokenFile string
 	name                          string
+	workers                       int
 	onSnapshot, onStop            string
 	poll                          bool
 	pollInterval, hookTimeout     time.Duration
@@ -30,6 +33,7 @@ func setupSidecar(fs *flag.FlagSet, c *cli) func(context.Context, []string) erro
 	fs.StringVar(&s.runToken, "run-token", "", "the run's `token`, from run create")
 	fs.StringVar(&s.runTokenFile, "run-token-file", "", "read the run token from `file`")
 	fs.StringVar(&s.name, "name", host, "stable worker `name`; give each sidecar on a host its own")
+	fs.IntVar(&s.workers, "workers", 1, "environment workers this sidecar runs over one connection, `N` of them: NAME-0 … NAME-(N-1), each with its own hooks")
 	fs.StringVar(&s.onSnapshot, "on-snapshot", "", "`command` (/bin/sh -c) that saves the environment state (required)")
 	fs.StringVar(&s.onStop, "on-stop", "", "`command` (/bin/sh -c) to run when the run stops")
 	fs.BoolVar(&s.poll, "poll", false, "long-poll for commands instead of streaming them")
@@ -47,6 +51,8 @@ func setupSidecar(fs *flag.FlagSet, c *cli) func(context.Context, []string) erro
 			return usageErr(errors.New("--on-snapshot is required"))
 		case s.runToken != "" && s.runTokenFile != "":
 			return usageErr(errors.New("give --run-token or --run-token-file, not both"))
+		case s.workers < 1 || s.workers > maxSidecarWorkers:
+			return usageErr(fmt.Errorf("--workers must be between 1 and %d", maxSidecarWorkers))
 		}
 		if s.runTokenFile != "" {
 			tok, err := client.ReadTokenFile(s.runTokenFile)
@@ -59,43 +65,83 @@ func setupSidecar(fs *flag.FlagSet, c *cli) func(context.Context, []string) erro
 	}
 }
 
-// sidecar is one running `snapctl sidecar`.
+// maxSidecarWorkers bounds --workers: a node's environment workers, not a
+// cluster's.
+const maxSidecarWorkers = 1024
+
+// sidecar is one environment worker of a running `snapctl sidecar`.
 type sidecar struct {
-	c   *cli
-	cfg sidecarConfig
-	w   *client.Worker
-	log *slog.Logger
+	c     *cli
+	cfg   sidecarConfig
+	name  string
+	index int
+	w     *client.Worker
+	log   *slog.Logger
 }
 
-// sidecar registers an environment worker, follows its commands, and
-// deregisters when it returns (after a Stop, on SIGTERM, or on an error).
+// sidecar registers --workers environment workers over one connection,
+// follows their commands, and deregisters each when it returns (after a
+// Stop, on SIGTERM, or on an error).
 func (c *cli) sidecar(ctx context.Context, cfg sidecarConfig) error {
 	cl, err := c.dial(cfg.runToken)
 	if err != nil {
 		return err
 	}
 	defer cl.Close()
-	log := slog.New(slog.NewTextHandler(c.stderr, &slog.HandlerOptions{Level: cfg.logLevel})).With("worker", cfg.name)
+	log := slog.New(slog.NewTextHandler(c.stderr, &slog.HandlerOptions{Level: cfg.logLevel}))
+	workers := make([]*sidecar, 0, cfg.workers)
+	for i := range cfg.workers {
+		s, err := c.startSidecarWorker(ctx, cl, cfg, i, log)
+		if err != nil {
+			for _, s := range workers {
+				s.leave(ctx)
+			}
+			return err
+		}
+		workers = append(workers, s)
+	}
+	errs := make([]error, len(workers))
+	var wg sync.WaitGroup
+	for i, s := range workers {
+		wg.Go(func() {
+			errs[i] = s.serve(ctx)
+			s.leave(ctx)
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// startSidecarWorker registers the index-th worker: named --name alone, or
+// NAME-index when the sidecar runs several.
+func (c *cli) startSidecarWorker(ctx context.Context, cl *client.Client, cfg sidecarConfig, index int, log *slog.Logger) (*sidecar, error) {
+	name := cfg.name
+	if cfg.workers > 1 {
+		name = fmt.Sprintf("%s-%d", cfg.name, index)
+	}
+	log = log.With("worker", name)
 	regCtx, cancel := c.call(ctx)
+	defer cancel()
 	w, err := cl.StartWorker(regCtx, client.WorkerConfig{
-		RunID: cfg.runID, Role: v1.WorkerRole_WORKER_ROLE_ENVIRONMENT, Name: cfg.name,
+		RunID: cfg.runID, Role: v1.WorkerRole_WORKER_ROLE_ENVIRONMENT, Name: name,
 		Poll: cfg.poll, PollWait: cfg.pollInterval, Logger: log,
 	})
-	cancel()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	log.Info("registered", "run_id", cfg.runID, "worker_id", w.ID(), "incarnation", w.Incarnation())
-	s := &sidecar{c: c, cfg: cfg, w: w, log: log}
-	err = s.serve(ctx)
+	return &sidecar{c: c, cfg: cfg, name: name, index: index, w: w, log: log}, nil
+}
+
+// leave deregisters the worker, even while the sidecar is being stopped.
+func (s *sidecar) leave(ctx context.Context) {
 	closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
-	if cerr := w.Close(closeCtx); cerr != nil {
-		log.Warn("deregistering failed", "err", cerr)
+	if err := s.w.Close(closeCtx); err != nil {
+		s.log.Warn("deregistering failed", "err", err)
 	} else {
-		log.Info("deregistered")
+		s.log.Info("deregistered")
 	}
-	return err
 }
 
 func (s *sidecar) serve(ctx context.Context) error {
@@ -116,6 +162,12 @@ func (s *sidecar) serve(ctx context.Context) error {
 			}
 		}
 	}
+}
+
+// hookEnv is what every hook of this worker is told about it.
+func (s *sidecar) hookEnv() []string {
+	return []string{"SNAPCOORD_RUN_ID=" + s.cfg.runID, "SNAPCOORD_WORKER_NAME=" + s.name,
+		"SNAPCOORD_WORKER_INDEX=" + strconv.Itoa(s.index)}
 }
 
 // snapshotOrder is a Snapshot or SaveAtDeadline command.
@@ -149,7 +201,7 @@ func orderOf(cmd *v1.Command, now time.Time, hookTimeout time.Duration) (snapsho
 // that fails (the run ended meanwhile) is logged: the next command decides.
 func (s *sidecar) snapshot(ctx context.Context, o snapshotOrder) {
 	s.log.Info("snapshot", "snapshot_id", o.id, "reason", o.reason, "anchor_step", o.anchorStep, "forced", o.forced)
-	res := hook{cmdline: s.cfg.onSnapshot, env: snapshotEnv(s.cfg.runID, o), killAt: o.mustFinishBy,
+	res := hook{cmdline: s.cfg.onSnapshot, env: append(s.hookEnv(), snapshotEnv(o)...), killAt: o.mustFinishBy,
 		stdout: s.c.stdout, stderr: s.c.stderr}.run(ctx)
 	outcome := enumWord(res.outcome, "SNAPSHOT_OUTCOME_")
 	s.log.Info("snapshot done", "snapshot_id", o.id, "outcome", outcome, "took", res.took.Round(time.Millisecond), "message", res.message)
@@ -167,7 +219,7 @@ func (s *sidecar) stop(ctx context.Context, reason string) error {
 	if s.cfg.onStop == "" {
 		return nil
 	}
-	res := hook{cmdline: s.cfg.onStop, env: []string{"SNAPCOORD_RUN_ID=" + s.cfg.runID, "SNAPCOORD_STOP_REASON=" + reason},
+	res := hook{cmdline: s.cfg.onStop, env: append(s.hookEnv(), "SNAPCOORD_STOP_REASON="+reason),
 		stdout: s.c.stdout, stderr: s.c.stderr}.run(ctx)
 	if res.outcome != v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SAVED {
 		return withExit(exitStopHook, fmt.Errorf("--on-stop: %s", res.message))

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -218,4 +219,56 @@ func TestSidecarWithAWrongToken(t *testing.T) {
 	if r.code != exitAuth {
 		t.Errorf("sidecar with a wrong token: exit %d, want %d: %s", r.code, exitAuth, r.stderr)
 	}
+}
+
+// One sidecar can run a node's environment workers over one connection:
+// each registers under its own name, and each snapshot runs each worker's
+// hook, told which worker it is for.
+func TestSidecarRunsSeveralWorkersOverOneConnection(t *testing.T) {
+	s := startServer(t)
+	dir := t.TempDir()
+	tok := s.turnRun("node")
+	env := s.env("SNAPCOORD_RUN_ID=node", "SNAPCOORD_RUN_TOKEN="+tok)
+	sc := startProc(t, env, bin.snapctl, "sidecar", "--name", "node-a", "--workers", "3",
+		"--on-snapshot", fmt.Sprintf(`env > %s/$SNAPCOORD_WORKER_INDEX`, dir),
+		"--on-stop", fmt.Sprintf(`echo "$SNAPCOORD_WORKER_NAME" > %s/stopped-$SNAPCOORD_WORKER_INDEX`, dir))
+	sc.waitFor(t, "three workers to register", func(out string) bool { return strings.Count(out, "msg=registered") == 3 })
+
+	s.ok("run", "trigger", "node")
+	if code := sc.exitCode(t); code != 0 {
+		t.Fatalf("sidecar exit %d after Stop, want 0:\n%s", code, sc.out.String())
+	}
+	snap, _ := s.deadlineSnapshot("node")
+	if got := len(snap.GetReports()); got != 3 || snap.GetOutcome() != v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SAVED {
+		t.Errorf("deadline snapshot %v with %d reports, want SAVED by 3", snap.GetOutcome(), got)
+	}
+	for i := range 3 {
+		name := fmt.Sprintf("node-a-%d", i)
+		checkHookEnv(t, filepath.Join(dir, strconv.Itoa(i)), map[string]string{
+			"SNAPCOORD_WORKER_NAME": name, "SNAPCOORD_WORKER_INDEX": strconv.Itoa(i),
+			"SNAPCOORD_SNAPSHOT_ID": snap.GetSnapshotId(), "SNAPCOORD_RUN_TOKEN": "",
+		})
+		if b, err := os.ReadFile(filepath.Join(dir, fmt.Sprintf("stopped-%d", i))); err != nil || strings.TrimSpace(string(b)) != name {
+			t.Errorf("stop hook of worker %d: %q, %v; want %s", i, b, err, name)
+		}
+	}
+	if peers := registrationPeers(t, s.proc.out.String(), "node"); len(peers) != 1 {
+		t.Errorf("the workers registered from %d connections (%v), want one", len(peers), peers)
+	}
+}
+
+// registrationPeers reads the coordinator's JSON log: the client addresses
+// that registered workers in the run.
+func registrationPeers(t *testing.T, logs, runID string) map[string]int {
+	t.Helper()
+	peers := map[string]int{}
+	for _, line := range strings.Split(logs, "\n") {
+		var rec map[string]any
+		if json.Unmarshal([]byte(line), &rec) != nil || rec["grpc.method"] != "RegisterWorker" || rec["run_id"] != runID {
+			continue
+		}
+		addr, _ := rec["peer.address"].(string)
+		peers[addr]++
+	}
+	return peers
 }

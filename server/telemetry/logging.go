@@ -74,7 +74,7 @@ func rpcLevel(code codes.Code) logging.Level {
 // the request's run_id and worker_id.
 //
 // A routine call that succeeds while debug is off would build its line only
-// for slog to drop it, and that costs a third of a heartbeat's CPU; so it
+// for slog to drop it, and that costs a fifth of a heartbeat's CPU; so it
 // runs without the logging interceptor. If it fails, its line is written
 // through the same interceptor afterwards, with the call's own start time
 // and duration.

@@ -10,24 +10,26 @@ import (
 // Observer receives the engine's countable happenings, for metrics and
 // traces. Calls are made outside any lock, once the change is durable, and
 // must not block. ctx is the call that caused the happening (so a span can
-// be its child), or a background context for a timer's.
+// be its child), or a background context for a timer's. The run, step and
+// snapshot identify a happening in a trace; they are too many to be metric
+// labels.
 type Observer interface {
-	Decision(ctx context.Context, action v1.StepAction)
-	DeadlineFired(ctx context.Context, kind v1.DeadlineFireKind)
+	Decision(ctx context.Context, runID string, step int64, action v1.StepAction)
+	DeadlineFired(ctx context.Context, runID string, step int64, kind v1.DeadlineFireKind)
 	CommandIssued(ctx context.Context, kind string)
 	// CommandDelivered is called when a command is sent on a stream or
 	// returned by a poll, with the time since it was issued.
 	CommandDelivered(ctx context.Context, kind string, latency time.Duration)
-	SnapshotCompleted(ctx context.Context, reason v1.SnapshotReason, outcome v1.SnapshotOutcome, seconds float64)
+	SnapshotCompleted(ctx context.Context, runID, snapshotID string, reason v1.SnapshotReason, outcome v1.SnapshotOutcome, seconds float64)
 }
 
 type nopObserver struct{}
 
-func (nopObserver) Decision(context.Context, v1.StepAction)                 {}
-func (nopObserver) DeadlineFired(context.Context, v1.DeadlineFireKind)      {}
-func (nopObserver) CommandIssued(context.Context, string)                   {}
-func (nopObserver) CommandDelivered(context.Context, string, time.Duration) {}
-func (nopObserver) SnapshotCompleted(context.Context, v1.SnapshotReason, v1.SnapshotOutcome, float64) {
+func (nopObserver) Decision(context.Context, string, int64, v1.StepAction)            {}
+func (nopObserver) DeadlineFired(context.Context, string, int64, v1.DeadlineFireKind) {}
+func (nopObserver) CommandIssued(context.Context, string)                             {}
+func (nopObserver) CommandDelivered(context.Context, string, time.Duration)           {}
+func (nopObserver) SnapshotCompleted(context.Context, string, string, v1.SnapshotReason, v1.SnapshotOutcome, float64) {
 }
 
 // Stats counts runs by state and workers by role and state, for gauges.

@@ -268,8 +268,8 @@ func (m *mut) completeSnapshot(s *v1.Snapshot, outcome v1.SnapshotOutcome, why s
 	r.dropReportIndexes(s.SnapshotId)
 	m.event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_SNAPSHOT_COMPLETED, SnapshotId: s.SnapshotId, Step: s.AnchorStep,
 		Message: fmt.Sprintf("snapshot %s %s after %.3g s: %s", s.SnapshotId, outcomeName(outcome), s.DurationSeconds, why)})
-	reason, dur := s.Reason, s.DurationSeconds
-	m.observe(func(ctx context.Context) { m.e.obs.SnapshotCompleted(ctx, reason, outcome, dur) })
+	runID, id, reason, dur := r.id, s.SnapshotId, s.Reason, s.DurationSeconds
+	m.observe(func(ctx context.Context) { m.e.obs.SnapshotCompleted(ctx, runID, id, reason, outcome, dur) })
 	if outcome == v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SAVED {
 		m.recordReserve(s.DurationSeconds)
 	}

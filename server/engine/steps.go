@@ -61,7 +61,8 @@ func (m *mut) completeStep(step int64, iterSeconds float64) *v1.Decision {
 	d := st.Decision
 	m.event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_DECISION, Step: step, Decision: d,
 		Message: fmt.Sprintf("step %d: %s", step, d.Explanation)})
-	m.observe(func(ctx context.Context) { m.e.obs.Decision(ctx, d.Action) })
+	runID := m.r.id
+	m.observe(func(ctx context.Context) { m.e.obs.Decision(ctx, runID, step, d.Action) })
 	return d
 }
 
@@ -133,7 +134,8 @@ func (m *mut) fire(kind v1.DeadlineFireKind, step int64, why string) {
 	m.disarm(timerInterval)
 	m.event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_DEADLINE_FIRED, Step: step,
 		Message: "deadline fired " + firedWhere(r) + ": " + why})
-	m.observe(func(ctx context.Context) { m.e.obs.DeadlineFired(ctx, kind) })
+	runID := r.id
+	m.observe(func(ctx context.Context) { m.e.obs.DeadlineFired(ctx, runID, step, kind) })
 	if step > 0 {
 		m.setState(v1.RunState_RUN_STATE_SAVING, fmt.Sprintf("trainer ranks save the checkpoint of step %d", step))
 		m.armSaveTimeout()

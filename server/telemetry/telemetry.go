@@ -77,13 +77,13 @@ func New(ctx context.Context, opts Options) (*Telemetry, error) {
 		return nil, err
 	}
 	t := &Telemetry{log: opts.Logger, metrics: m, tracing: tr}
-	t.stats = otelgrpc.NewServerHandler(
+	t.stats = rpcSpans{otelgrpc.NewServerHandler(
 		otelgrpc.WithTracerProvider(tr.provider),
 		otelgrpc.WithMeterProvider(m.provider),
 		// Honour a caller's W3C trace context, so a trainer's span can be
 		// the parent of the coordinator's.
 		otelgrpc.WithPropagators(propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})),
-	)
+	)}
 	return t, nil
 }
 
@@ -103,8 +103,8 @@ func newResource(ctx context.Context, version string) (*resource.Resource, error
 }
 
 // StatsHandler is otelgrpc's server handler: a span per RPC (exported only
-// when traces are) and the rpc.server.* metrics. Install it with
-// grpc.StatsHandler.
+// when traces are; it names the request's run and worker) and the
+// rpc.server.* metrics. Install it with grpc.StatsHandler.
 func (t *Telemetry) StatsHandler() stats.Handler { return t.stats }
 
 // TracesExported reports whether spans leave the process.
@@ -157,15 +157,17 @@ func (t *Telemetry) OnCommit(batches int, d time.Duration) {
 
 // Decision implements engine.Observer: a "deadline.decision" span, a child
 // of the CompleteStep call that made it.
-func (t *Telemetry) Decision(ctx context.Context, action v1.StepAction) {
+func (t *Telemetry) Decision(ctx context.Context, runID string, step int64, action v1.StepAction) {
 	t.metrics.decision(action)
-	t.tracing.interval(ctx, "deadline.decision", 0, attribute.String("snapcoord.action", action.String()))
+	t.tracing.interval(ctx, "deadline.decision", 0, attribute.String(AttrRunID, runID), attribute.Int64(AttrStep, step),
+		attribute.String("snapcoord.action", action.String()))
 }
 
 // DeadlineFired implements engine.Observer.
-func (t *Telemetry) DeadlineFired(ctx context.Context, kind v1.DeadlineFireKind) {
+func (t *Telemetry) DeadlineFired(ctx context.Context, runID string, step int64, kind v1.DeadlineFireKind) {
 	t.metrics.deadlineFired(kind)
-	t.tracing.interval(ctx, "deadline.fire", 0, attribute.String("snapcoord.fire_kind", kind.String()))
+	t.tracing.interval(ctx, "deadline.fire", 0, attribute.String(AttrRunID, runID), attribute.Int64(AttrStep, step),
+		attribute.String("snapcoord.fire_kind", kind.String()))
 }
 
 // CommandIssued implements engine.Observer.
@@ -177,9 +179,10 @@ func (t *Telemetry) CommandDelivered(_ context.Context, kind string, latency tim
 }
 
 // SnapshotCompleted implements engine.Observer.
-func (t *Telemetry) SnapshotCompleted(ctx context.Context, reason v1.SnapshotReason, outcome v1.SnapshotOutcome, seconds float64) {
+func (t *Telemetry) SnapshotCompleted(ctx context.Context, runID, snapshotID string, reason v1.SnapshotReason, outcome v1.SnapshotOutcome, seconds float64) {
 	t.metrics.snapshotCompleted(reason, outcome, seconds)
 	t.tracing.interval(ctx, "snapshot", time.Duration(seconds*float64(time.Second)),
+		attribute.String(AttrRunID, runID), attribute.String(AttrSnapshotID, snapshotID),
 		attribute.String("snapcoord.snapshot_reason", reason.String()),
 		attribute.String("snapcoord.snapshot_outcome", outcome.String()))
 }

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -23,6 +24,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
+	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -242,13 +244,13 @@ func TestMetricsExposeTheNamedSeries(t *testing.T) {
 	}
 	ctx := t.Context()
 	var obs engine.Observer = tel
-	obs.Decision(ctx, v1.StepAction_STEP_ACTION_CONTINUE)
-	obs.Decision(ctx, v1.StepAction_STEP_ACTION_CONTINUE)
-	obs.Decision(ctx, v1.StepAction_STEP_ACTION_SAVE_AND_STOP)
-	obs.DeadlineFired(ctx, v1.DeadlineFireKind_DEADLINE_FIRE_KIND_STEP)
+	obs.Decision(ctx, "r", 1, v1.StepAction_STEP_ACTION_CONTINUE)
+	obs.Decision(ctx, "r", 2, v1.StepAction_STEP_ACTION_CONTINUE)
+	obs.Decision(ctx, "r", 3, v1.StepAction_STEP_ACTION_SAVE_AND_STOP)
+	obs.DeadlineFired(ctx, "r", 3, v1.DeadlineFireKind_DEADLINE_FIRE_KIND_STEP)
 	obs.CommandIssued(ctx, "save_at_deadline")
 	obs.CommandDelivered(ctx, "save_at_deadline", 30*time.Millisecond)
-	obs.SnapshotCompleted(ctx, v1.SnapshotReason_SNAPSHOT_REASON_DEADLINE, v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SAVED, 12.5)
+	obs.SnapshotCompleted(ctx, "r", "snap-1", v1.SnapshotReason_SNAPSHOT_REASON_DEADLINE, v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SAVED, 12.5)
 	tel.OnCommit(3, 2*time.Millisecond)
 
 	fams := scrape(t, tel.Handler(false))
@@ -306,7 +308,8 @@ type collector struct {
 	coltracepb.UnimplementedTraceServiceServer
 	mu      sync.Mutex
 	names   []string
-	parents map[string]string // span name -> hex parent span id
+	parents map[string]string            // span name -> hex parent span id
+	attrs   map[string]map[string]string // span name -> attribute -> value, as text
 }
 
 func (c *collector) Export(_ context.Context, req *coltracepb.ExportTraceServiceRequest) (*coltracepb.ExportTraceServiceResponse, error) {
@@ -317,13 +320,27 @@ func (c *collector) Export(_ context.Context, req *coltracepb.ExportTraceService
 			for _, s := range ss.GetSpans() {
 				c.names = append(c.names, s.GetName())
 				if c.parents == nil {
-					c.parents = map[string]string{}
+					c.parents, c.attrs = map[string]string{}, map[string]map[string]string{}
 				}
 				c.parents[s.GetName()] = fmt.Sprintf("%x", s.GetParentSpanId())
+				c.attrs[s.GetName()] = map[string]string{}
+				for _, kv := range s.GetAttributes() {
+					c.attrs[s.GetName()][kv.GetKey()] = attrText(kv.GetValue())
+				}
 			}
 		}
 	}
 	return &coltracepb.ExportTraceServiceResponse{}, nil
+}
+
+func attrText(v *commonpb.AnyValue) string {
+	switch x := v.GetValue().(type) {
+	case *commonpb.AnyValue_StringValue:
+		return x.StringValue
+	case *commonpb.AnyValue_IntValue:
+		return strconv.FormatInt(x.IntValue, 10)
+	}
+	return v.String()
 }
 
 func (c *collector) spanNames() []string {
@@ -375,9 +392,10 @@ func TestTracesExportedWithOTLP(t *testing.T) {
 	// A decision is a child of the call that made it (the engine passes
 	// the RPC's context); a timer's fire has no caller and is a root.
 	callCtx, call := tel.Tracer().Start(t.Context(), "CompleteStep call")
-	tel.Decision(callCtx, v1.StepAction_STEP_ACTION_SAVE_AND_STOP)
+	tel.Decision(callCtx, "r", 7, v1.StepAction_STEP_ACTION_SAVE_AND_STOP)
 	call.End()
-	tel.DeadlineFired(t.Context(), v1.DeadlineFireKind_DEADLINE_FIRE_KIND_STEP)
+	tel.DeadlineFired(t.Context(), "r", 7, v1.DeadlineFireKind_DEADLINE_FIRE_KIND_STEP)
+	tel.SnapshotCompleted(t.Context(), "r", "snap-2", v1.SnapshotReason_SNAPSHOT_REASON_DEADLINE, v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SAVED, 3)
 	stop() // the server span ends after the client has its answer
 	// Shutdown flushes the batch processor: the spans are exported by the
 	// time it returns.
@@ -394,9 +412,24 @@ func TestTracesExportedWithOTLP(t *testing.T) {
 		t.Errorf("deadline.fire parent %q, want a root span", fireParent)
 	}
 	got := strings.Join(col.spanNames(), ",")
-	for _, want := range []string{"snapcoord.v1.WorkerService/Heartbeat", "store.commit", "deadline.decision", "deadline.fire"} {
+	for _, want := range []string{"snapcoord.v1.WorkerService/Heartbeat", "store.commit", "deadline.decision", "deadline.fire", "snapshot"} {
 		if !strings.Contains(got, want) {
 			t.Errorf("exported spans %q lack %q", got, want)
+		}
+	}
+	// Each span says which run (worker, step, snapshot) it is about.
+	col.mu.Lock()
+	defer col.mu.Unlock()
+	for span, want := range map[string]map[string]string{
+		"snapcoord.v1.WorkerService/Heartbeat": {AttrRunID: "r", AttrWorkerID: "w"},
+		"deadline.decision":                    {AttrRunID: "r", AttrStep: "7"},
+		"deadline.fire":                        {AttrRunID: "r", AttrStep: "7"},
+		"snapshot":                             {AttrRunID: "r", AttrSnapshotID: "snap-2"},
+	} {
+		for k, v := range want {
+			if got := col.attrs[span][k]; got != v {
+				t.Errorf("span %s: %s = %q, want %q", span, k, got, v)
+			}
 		}
 	}
 }

@@ -13,6 +13,16 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
+	"google.golang.org/grpc/stats"
+)
+
+// Span attributes that say what a span is about. Metrics never carry them:
+// runs, steps and snapshots are too many to be labels.
+const (
+	AttrRunID      = "snapcoord.run_id"
+	AttrWorkerID   = "snapcoord.worker_id"
+	AttrStep       = "snapcoord.step"
+	AttrSnapshotID = "snapcoord.snapshot_id"
 )
 
 // tracing is the tracer provider: the SDK with an OTLP/gRPC exporter when
@@ -78,3 +88,29 @@ func (t *tracing) interval(ctx context.Context, name string, d time.Duration, kv
 		trace.WithTimestamp(end.Add(-d)), trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(kv...))
 	span.End(trace.WithTimestamp(end))
 }
+
+// rpcSpans is otelgrpc's server handler that also names, on each RPC's span,
+// the run and worker its request is about, so that an operator can find a
+// run's calls in a trace store.
+type rpcSpans struct{ stats.Handler }
+
+func (h rpcSpans) HandleRPC(ctx context.Context, s stats.RPCStats) {
+	h.Handler.HandleRPC(ctx, s)
+	in, ok := s.(*stats.InPayload)
+	if !ok || in.Client {
+		return
+	}
+	span := trace.SpanFromContext(ctx)
+	if !span.IsRecording() {
+		return
+	}
+	f := requestFields(in.Payload)
+	for i := 0; i+1 < len(f); i += 2 {
+		key, _ := f[i].(string)
+		val, _ := f[i+1].(string)
+		span.SetAttributes(attribute.String(spanKeys[key], val))
+	}
+}
+
+// spanKeys maps the log fields of a request's ids to span attributes.
+var spanKeys = map[string]string{FieldRunID: AttrRunID, FieldWorkerID: AttrWorkerID}

@@ -94,12 +94,12 @@ func verify(ctx context.Context, admin *client.Client, r *runWriters) verdict {
 		}
 	}
 
-	snaps, err := admin.Runs.ListSnapshots(ctx, &v1.ListSnapshotsRequest{RunId: r.id})
+	snaps, err := admin.Snapshots(ctx, r.id)
 	if err != nil {
-		v.lose("run %s: ListSnapshots: %v", r.id, err)
+		v.lose("run %s: %v", r.id, err)
 	} else {
 		got := map[string]map[string]v1.SnapshotOutcome{}
-		for _, s := range snaps.Snapshots {
+		for _, s := range snaps {
 			got[s.SnapshotId] = map[string]v1.SnapshotOutcome{}
 			for _, rep := range s.Reports {
 				got[s.SnapshotId][rep.WorkerId] = rep.Outcome

@@ -45,15 +45,15 @@ func setupSnapshots(_ *flag.FlagSet, c *cli) func(context.Context, []string) err
 			return err
 		}
 		return c.withClient(ctx, func(ctx context.Context, cl *client.Client) error {
-			resp, err := cl.Runs.ListSnapshots(ctx, &v1.ListSnapshotsRequest{RunId: args[0]})
+			snaps, err := cl.Snapshots(ctx, args[0])
 			if err != nil {
-				return fmt.Errorf("list the snapshots of run %s: %w", args[0], err)
+				return err
 			}
 			if c.output == "json" {
-				return c.printJSON(resp, "  ")
+				return c.printJSON(&v1.ListSnapshotsResponse{Snapshots: snaps}, "  ")
 			}
-			rows := make([][]string, 0, len(resp.GetSnapshots()))
-			for _, s := range resp.GetSnapshots() {
+			rows := make([][]string, 0, len(snaps))
+			for _, s := range snaps {
 				rows = append(rows, snapshotRow(s))
 			}
 			return table(c.stdout, "ID\tREASON\tANCHOR\tFORCED\tISSUED\tOUTCOME\tDURATION\tREPORTS\tMESSAGE", rows)

@@ -151,13 +151,13 @@ func (d *demo) verdict(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("get run: %w", err)
 	}
-	snaps, err := d.admin.Runs.ListSnapshots(ctx, &v1.ListSnapshotsRequest{RunId: runID})
+	snaps, err := d.admin.Snapshots(ctx, runID)
 	if err != nil {
-		return fmt.Errorf("list snapshots: %w", err)
+		return err
 	}
 	r := runResp.GetRun()
 	var last *v1.Snapshot
-	for _, s := range snaps.GetSnapshots() {
+	for _, s := range snaps {
 		if s.GetReason() == v1.SnapshotReason_SNAPSHOT_REASON_DEADLINE {
 			last = s
 		}

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"encoding/base64"
 	"sort"
 	"time"
 
@@ -208,13 +209,52 @@ func (r *runState) eventsAfter(after int64) ([]*v1.RunEvent, bool) {
 	return out, done
 }
 
+// Snapshot pages: a snapshot carries a report from every environment
+// worker, about 100 bytes each, so a page is bounded in bytes too. With
+// 10,000 workers one snapshot is about 1 MiB, and a page of all a run's
+// snapshots would soon pass the 4 MiB that gRPC clients accept by default.
+const (
+	maxSnapshotPage   = 1000
+	snapshotPageBytes = 1 << 20
+)
+
 func (e *Engine) listSnapshots(ctx context.Context, req *v1.ListSnapshotsRequest) (*v1.ListSnapshotsResponse, error) {
+	after, err := decodeSnapshotToken(req.PageToken)
+	if err != nil {
+		return nil, err
+	}
+	size := int(req.PageSize)
+	if size == 0 {
+		size = maxSnapshotPage
+	}
 	resp := &v1.ListSnapshotsResponse{}
-	err := e.view(ctx, req.RunId, func(r *runState) error {
-		for _, s := range r.snapOrder {
+	err = e.view(ctx, req.RunId, func(r *runState) error {
+		i := sort.Search(len(r.snapOrder), func(i int) bool { return snapshotNum(r.snapOrder[i].SnapshotId) > after })
+		bytes := 0
+		for _, s := range r.snapOrder[i:] {
+			n := proto.Size(s)
+			if len(resp.Snapshots) == size || (len(resp.Snapshots) > 0 && bytes+n > snapshotPageBytes) {
+				resp.NextPageToken = encodePageToken(resp.Snapshots[len(resp.Snapshots)-1].SnapshotId)
+				break
+			}
+			bytes += n
 			resp.Snapshots = append(resp.Snapshots, proto.Clone(s).(*v1.Snapshot))
 		}
 		return nil
 	})
 	return resp, err
+}
+
+// decodeSnapshotToken returns the number of the last snapshot of the
+// previous page; 0 for the first page.
+func decodeSnapshotToken(tok string) (int64, error) {
+	if tok == "" {
+		return 0, nil
+	}
+	b, err := base64.RawURLEncoding.DecodeString(tok)
+	id := string(b)
+	if n := snapshotNum(id); err == nil && n > 0 && id == snapshotID(n) {
+		return n, nil
+	}
+	return 0, errorf(ErrInvalidArgument, "page_token: not a token returned by ListSnapshots")
 }

@@ -266,14 +266,21 @@ func (h *harness) commands(run, worker string) []*v1.Command {
 	return h.poll(run, worker, 0)
 }
 
-// snapshots lists the run's snapshots, oldest first.
+// snapshots lists the run's snapshots, oldest first, following the pages.
 func (h *harness) snapshots(run string) []*v1.Snapshot {
 	h.t.Helper()
-	resp, err := h.e.ListSnapshots(h.ctx, &v1.ListSnapshotsRequest{RunId: run})
-	if err != nil {
-		h.t.Fatalf("ListSnapshots: %v", err)
+	var all []*v1.Snapshot
+	req := &v1.ListSnapshotsRequest{RunId: run}
+	for {
+		resp, err := h.e.ListSnapshots(h.ctx, req)
+		if err != nil {
+			h.t.Fatalf("ListSnapshots: %v", err)
+		}
+		all = append(all, resp.Snapshots...)
+		if req.PageToken = resp.NextPageToken; req.PageToken == "" {
+			return all
+		}
 	}
-	return resp.Snapshots
 }
 
 // lastSnapshot is the most recently issued snapshot; it fails the test if

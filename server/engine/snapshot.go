@@ -17,6 +17,8 @@ func snapshotNum(id string) int64 {
 	return n
 }
 
+func snapshotID(n int64) string { return "snap-" + strconv.FormatInt(n, 10) }
+
 func (m *mut) snapshotTimeout() time.Duration {
 	return time.Duration(m.r.rec.Run.Spec.RolloutCheckpointing.SnapshotTimeoutS) * time.Second
 }
@@ -52,7 +54,7 @@ func (m *mut) issueSnapshot(reason v1.SnapshotReason, anchor int64, forced bool,
 	}
 	r.rec.LastSnapshotNum++
 	s := &v1.Snapshot{
-		SnapshotId: fmt.Sprintf("snap-%d", r.rec.LastSnapshotNum), Reason: reason, AnchorStep: anchor,
+		SnapshotId: snapshotID(r.rec.LastSnapshotNum), Reason: reason, AnchorStep: anchor,
 		Forced: forced, IssuedAt: m.ts(), MustFinishBy: mustFinish,
 	}
 	for _, w := range m.liveWorkers(v1.WorkerRole_WORKER_ROLE_ENVIRONMENT) {

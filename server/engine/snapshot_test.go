@@ -1,9 +1,12 @@
 package engine
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"google.golang.org/protobuf/proto"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 )
@@ -432,4 +435,64 @@ func TestIdempotentReports(t *testing.T) {
 	wantErr(t, err, ErrInvalidArgument, "worker_id")
 	err = h.report("r", ranks[0], s.SnapshotId, v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SAVED, 1)
 	wantErr(t, err, ErrInvalidArgument, "worker_id")
+}
+
+// ListSnapshots pages: by page_size, and by bytes, so that a run whose
+// snapshots carry thousands of reports never answers more than a client
+// accepts. The pages hold every snapshot once, oldest first.
+func TestListSnapshotsPages(t *testing.T) {
+	h := newHarness(t)
+	h.create("r", turnSpec(1, "01:00:00:00"))
+	ranks := h.trainers("r", 1)
+	envs := h.envs("r", 8)
+	long := strings.Repeat("x", 4000) // 8 reports of 4 KB: 32 KB a snapshot
+	const n = 40
+	for step := int64(1); step <= n; step++ {
+		h.stepAll("r", ranks, step, 10)
+		h.checkpoint("r", ranks, step, v1.CheckpointPhase_CHECKPOINT_PHASE_SAVED, 5)
+		id := h.lastSnapshot("r").SnapshotId
+		for _, w := range envs {
+			if err := h.reportMsg("r", w, id, v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SAVED, 1, long); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	pages := func(size int32) (sizes []int) {
+		t.Helper()
+		var ids []string
+		req := &v1.ListSnapshotsRequest{RunId: "r", PageSize: size}
+		for {
+			resp, err := h.e.ListSnapshots(h.ctx, req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if b := proto.Size(resp); b > snapshotPageBytes+1024 {
+				t.Errorf("a page of %d bytes", b)
+			}
+			sizes = append(sizes, len(resp.Snapshots))
+			for _, s := range resp.Snapshots {
+				ids = append(ids, s.SnapshotId)
+			}
+			if req.PageToken = resp.NextPageToken; req.PageToken == "" {
+				break
+			}
+		}
+		for i, id := range ids {
+			if want := snapshotID(int64(i + 1)); id != want {
+				t.Fatalf("page_size %d: snapshot %d is %s, want %s (all: %v)", size, i, id, want, ids)
+			}
+		}
+		if len(ids) != n {
+			t.Fatalf("page_size %d: %d snapshots, want %d", size, len(ids), n)
+		}
+		return sizes
+	}
+	if got := pages(7); !slices.Equal(got, []int{7, 7, 7, 7, 7, 5}) {
+		t.Errorf("page_size 7: pages of %v", got)
+	}
+	if got := pages(0); len(got) < 2 {
+		t.Errorf("page_size 0: pages of %v, want 1 MiB pages", got)
+	}
+	_, err := h.e.ListSnapshots(h.ctx, &v1.ListSnapshotsRequest{RunId: "r", PageToken: "bm90LWEtc25hcHNob3Q"})
+	wantErr(t, err, ErrInvalidArgument, "page_token")
 }

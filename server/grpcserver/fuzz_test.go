@@ -551,6 +551,8 @@ func fuzzSeeds() map[string][]seed {
 			{name: "watch-follow", method: "WatchRun", anchor: aRun, req: &v1.WatchRunRequest{AfterSeq: 3}},
 			{name: "workers", method: "ListWorkers", anchor: aRun, req: &v1.ListWorkersRequest{}},
 			{name: "snapshots", method: "ListSnapshots", anchor: aRun, req: &v1.ListSnapshotsRequest{}},
+			{name: "snapshots-page", method: "ListSnapshots", anchor: aRun, req: &v1.ListSnapshotsRequest{PageSize: 1, PageToken: "c25hcC0x"}},
+			{name: "snapshots-bad-token", method: "ListSnapshots", anchor: aRun, req: &v1.ListSnapshotsRequest{PageToken: "!!"}},
 		},
 	}
 }

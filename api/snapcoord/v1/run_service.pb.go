@@ -859,11 +859,18 @@ func (x *ListWorkersResponse) GetWorkers() []*Worker {
 	return nil
 }
 
-// ListSnapshotsRequest names a run.
+// ListSnapshotsRequest asks for one page of a run's snapshots.
 type ListSnapshotsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The run.
-	RunId         string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	RunId string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// At most this many snapshots; 0 means 1000. At most 1000. A page also
+	// ends before its snapshots (with their reports) pass 1 MiB, so that it
+	// stays far below every client's default 4 MiB message limit; it holds at
+	// least one snapshot.
+	PageSize int32 `protobuf:"varint,2,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// next_page_token from the previous page; empty for the first.
+	PageToken     string `protobuf:"bytes,3,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -905,11 +912,27 @@ func (x *ListSnapshotsRequest) GetRunId() string {
 	return ""
 }
 
-// ListSnapshotsResponse lists the run's snapshots.
+func (x *ListSnapshotsRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListSnapshotsRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+// ListSnapshotsResponse is one page of a run's snapshots.
 type ListSnapshotsResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Oldest first.
-	Snapshots     []*Snapshot `protobuf:"bytes,1,rep,name=snapshots,proto3" json:"snapshots,omitempty"`
+	Snapshots []*Snapshot `protobuf:"bytes,1,rep,name=snapshots,proto3" json:"snapshots,omitempty"`
+	// Pass as page_token for the next page; empty on the last page.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -949,6 +972,13 @@ func (x *ListSnapshotsResponse) GetSnapshots() []*Snapshot {
 		return x.Snapshots
 	}
 	return nil
+}
+
+func (x *ListSnapshotsResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
 }
 
 var File_snapcoord_v1_run_service_proto protoreflect.FileDescriptor
@@ -1001,11 +1031,16 @@ const file_snapcoord_v1_run_service_proto_rawDesc = "" +
 	"\x12ListWorkersRequest\x12:\n" +
 	"\x06run_id\x18\x01 \x01(\tB#\xbaH r\x1e2\x1c^[a-z0-9][a-z0-9._-]{0,127}$R\x05runId\"E\n" +
 	"\x13ListWorkersResponse\x12.\n" +
-	"\aworkers\x18\x01 \x03(\v2\x14.snapcoord.v1.WorkerR\aworkers\"R\n" +
+	"\aworkers\x18\x01 \x03(\v2\x14.snapcoord.v1.WorkerR\aworkers\"\xa4\x01\n" +
 	"\x14ListSnapshotsRequest\x12:\n" +
-	"\x06run_id\x18\x01 \x01(\tB#\xbaH r\x1e2\x1c^[a-z0-9][a-z0-9._-]{0,127}$R\x05runId\"M\n" +
+	"\x06run_id\x18\x01 \x01(\tB#\xbaH r\x1e2\x1c^[a-z0-9][a-z0-9._-]{0,127}$R\x05runId\x12'\n" +
+	"\tpage_size\x18\x02 \x01(\x05B\n" +
+	"\xbaH\a\x1a\x05\x18\xe8\a(\x00R\bpageSize\x12'\n" +
+	"\n" +
+	"page_token\x18\x03 \x01(\tB\b\xbaH\x05r\x03\x18\x80\x02R\tpageToken\"u\n" +
 	"\x15ListSnapshotsResponse\x124\n" +
-	"\tsnapshots\x18\x01 \x03(\v2\x16.snapcoord.v1.SnapshotR\tsnapshots2\xf0\x05\n" +
+	"\tsnapshots\x18\x01 \x03(\v2\x16.snapcoord.v1.SnapshotR\tsnapshots\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken2\xf0\x05\n" +
 	"\n" +
 	"RunService\x12L\n" +
 	"\tCreateRun\x12\x1e.snapcoord.v1.CreateRunRequest\x1a\x1f.snapcoord.v1.CreateRunResponse\x12C\n" +

@@ -59,7 +59,7 @@ type RunServiceClient interface {
 	WatchRun(ctx context.Context, in *WatchRunRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchRunResponse], error)
 	// Lists the run's workers.
 	ListWorkers(ctx context.Context, in *ListWorkersRequest, opts ...grpc.CallOption) (*ListWorkersResponse, error)
-	// Lists the run's environment snapshots, oldest first.
+	// Lists the run's environment snapshots, oldest first, a page at a time.
 	ListSnapshots(ctx context.Context, in *ListSnapshotsRequest, opts ...grpc.CallOption) (*ListSnapshotsResponse, error)
 }
 
@@ -199,7 +199,7 @@ type RunServiceServer interface {
 	WatchRun(*WatchRunRequest, grpc.ServerStreamingServer[WatchRunResponse]) error
 	// Lists the run's workers.
 	ListWorkers(context.Context, *ListWorkersRequest) (*ListWorkersResponse, error)
-	// Lists the run's environment snapshots, oldest first.
+	// Lists the run's environment snapshots, oldest first, a page at a time.
 	ListSnapshots(context.Context, *ListSnapshotsRequest) (*ListSnapshotsResponse, error)
 	mustEmbedUnimplementedRunServiceServer()
 }

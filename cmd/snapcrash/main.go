@@ -10,7 +10,8 @@
 // every writer must make progress again.
 //
 // It prints the cycles, the writes acknowledged and the writes lost, and
-// exits 1 if any write was lost, a check failed or a writer did not resume.
+// exits 1 if any write was lost, could not be read back, a check failed or a
+// writer did not resume.
 //
 //	snapcrash --snapcoord bin/snapcoord --cycles 20
 package main
@@ -114,6 +115,7 @@ type summary struct {
 	checksFailed  int
 	notResumed    int
 	lost          map[string]bool // distinct writes found lost
+	unread        map[string]bool // distinct reads that failed, their writes unverified
 	violations    []string
 	writerErrors  []string
 	maxResume     time.Duration
@@ -177,7 +179,7 @@ func crashLoop(ctx context.Context, cfg config, out io.Writer) (bool, error) {
 		r.start(writeCtx)
 	}
 
-	s := summary{lost: map[string]bool{}}
+	s := summary{lost: map[string]bool{}, unread: map[string]bool{}}
 	for cycle := 1; cycle <= cfg.cycles; cycle++ {
 		up := cfg.minUp + time.Duration(rng.Int64N(int64(cfg.maxUp-cfg.minUp)+1))
 		if err := serveFor(ctx, up, runs); err != nil {
@@ -204,13 +206,6 @@ func crashLoop(ctx context.Context, cfg config, out io.Writer) (bool, error) {
 		s.maxReady = max(s.maxReady, proc.Ready)
 		resumed, silent := awaitResume(ctx, log, restarted, cfg.resumeTimeout, runs)
 		v := verifyAll(ctx, admin, runs)
-		var fresh []string
-		for k, msg := range v.lost {
-			if !s.lost[k] {
-				s.lost[k] = true
-				fresh = append(fresh, msg)
-			}
-		}
 		if len(silent) > 0 {
 			s.notResumed++
 		}
@@ -218,15 +213,13 @@ func crashLoop(ctx context.Context, cfg config, out io.Writer) (bool, error) {
 		s.violations = append(s.violations, log.takeViolations()...)
 		s.cycles = cycle
 		status := "ok"
-		if checkErr != nil || len(v.lost) > 0 || len(silent) > 0 {
+		if checkErr != nil || len(v.lost) > 0 || len(v.unread) > 0 || len(silent) > 0 {
 			status = "FAILED"
 		}
-		fmt.Fprintf(out, "cycle %2d: killed after %4d ms with %6d writes acknowledged; bbolt check %s; SERVING in %4d ms; writers resumed in %4d ms%s; %6d writes verified, %d lost  %s\n",
+		fmt.Fprintf(out, "cycle %2d: killed after %4d ms with %6d writes acknowledged; bbolt check %s; SERVING in %4d ms; writers resumed in %4d ms%s; %6d writes verified, %d lost%s  %s\n",
 			cycle, up.Milliseconds(), ackedAtKill, okOr(checkErr), proc.Ready.Milliseconds(), resumed.Milliseconds(), silentNote(silent),
-			v.checked, len(v.lost), status)
-		for _, msg := range fresh {
-			fmt.Fprintf(out, "    lost: %s\n", msg)
-		}
+			v.checked, len(v.lost), unreadNote(v.unread), status)
+		s.record(out, v)
 	}
 
 	// Stop the writers at a step boundary, then verify everything once more.
@@ -236,12 +229,7 @@ func crashLoop(ctx context.Context, cfg config, out io.Writer) (bool, error) {
 	}
 	s.writerErrors = collectFatal(runs)
 	final := verifyAll(ctx, admin, runs)
-	for k, msg := range final.lost {
-		if !s.lost[k] {
-			s.lost[k] = true
-			fmt.Fprintf(out, "    lost: %s\n", msg)
-		}
-	}
+	s.record(out, final)
 	s.finalVerified = final.checked
 	s.acknowledged = log.counts()
 	return report(out, s), nil
@@ -360,6 +348,28 @@ func okOr(err error) string {
 	return "FAILED (" + err.Error() + ")"
 }
 
+// record adds a verdict's findings, printing those not seen before.
+func (s *summary) record(out io.Writer, v verdict) {
+	for _, f := range []struct {
+		found, seen map[string]bool
+		what        string
+	}{{v.lost, s.lost, "lost"}, {v.unread, s.unread, "could not read back"}} {
+		for msg := range f.found {
+			if !f.seen[msg] {
+				f.seen[msg] = true
+				fmt.Fprintf(out, "    %s: %s\n", f.what, msg)
+			}
+		}
+	}
+}
+
+func unreadNote(unread map[string]bool) string {
+	if len(unread) == 0 {
+		return ""
+	}
+	return fmt.Sprintf(", %d reads failed", len(unread))
+}
+
 func silentNote(silent []string) string {
 	if len(silent) == 0 {
 		return ""
@@ -374,10 +384,13 @@ func report(out io.Writer, s summary) bool {
 		c.writes(), c.Decisions, c.CheckpointReports, c.SnapshotReports, c.Registrations, c.Runs, c.DecisionReads)
 	fmt.Fprintf(out, "writes verified:      %d after the writers stopped\n", s.finalVerified)
 	fmt.Fprintf(out, "writes lost:          %d\n", len(s.lost))
+	if len(s.unread) > 0 {
+		fmt.Fprintf(out, "reads failed:         %d (the writes they would have checked are unverified)\n", len(s.unread))
+	}
 	fmt.Fprintf(out, "bbolt checks failed:  %d of %d\n", s.checksFailed, s.cycles)
 	fmt.Fprintf(out, "restarts not resumed: %d of %d (slowest resume %d ms, slowest restart to SERVING %d ms)\n",
 		s.notResumed, s.cycles, s.maxResume.Milliseconds(), s.maxReady.Milliseconds())
-	ok := len(s.lost) == 0 && s.checksFailed == 0 && s.notResumed == 0 && len(s.violations) == 0 && len(s.writerErrors) == 0
+	ok := len(s.lost) == 0 && len(s.unread) == 0 && s.checksFailed == 0 && s.notResumed == 0 && len(s.violations) == 0 && len(s.writerErrors) == 0
 	for _, v := range s.violations {
 		fmt.Fprintf(out, "decision mismatch:    %s\n", v)
 	}

@@ -15,25 +15,31 @@ import (
 // verdict is one verification of the acknowledged writes.
 type verdict struct {
 	checked int
-	// lost maps each write found missing (or changed) to what was found.
-	lost map[string]string
+	// lost holds each write found missing (or changed), and what was found.
+	lost map[string]bool
+	// unread holds each read that failed: the writes it would have
+	// checked are unverified, not known to be lost.
+	unread map[string]bool
 }
 
-func (v *verdict) lose(format string, args ...any) {
-	if v.lost == nil {
-		v.lost = map[string]string{}
+func (v *verdict) lose(format string, args ...any) { note(&v.lost, format, args...) }
+
+func (v *verdict) cannotRead(format string, args ...any) { note(&v.unread, format, args...) }
+
+func note(set *map[string]bool, format string, args ...any) {
+	if *set == nil {
+		*set = map[string]bool{}
 	}
-	msg := fmt.Sprintf(format, args...)
-	v.lost[msg] = msg
+	(*set)[fmt.Sprintf(format, args...)] = true
 }
 
 func (v *verdict) add(o verdict) {
 	v.checked += o.checked
-	for k, msg := range o.lost {
-		if v.lost == nil {
-			v.lost = map[string]string{}
-		}
-		v.lost[k] = msg
+	for msg := range o.lost {
+		note(&v.lost, "%s", msg)
+	}
+	for msg := range o.unread {
+		note(&v.unread, "%s", msg)
 	}
 }
 
@@ -56,13 +62,13 @@ func verify(ctx context.Context, admin *client.Client, r *runWriters) verdict {
 	}
 	v.checked = total
 	if _, err := admin.Runs.GetRun(ctx, &v1.GetRunRequest{RunId: r.id}); err != nil {
-		v.lose("run %s: GetRun: %v (every write of the run is unverified)", r.id, err)
+		v.cannotRead("run %s: GetRun: %v (every write of the run is unverified)", r.id, err)
 		return v
 	}
 
 	workers, err := admin.Runs.ListWorkers(ctx, &v1.ListWorkersRequest{RunId: r.id})
 	if err != nil {
-		v.lose("run %s: ListWorkers: %v", r.id, err)
+		v.cannotRead("run %s: ListWorkers: %v", r.id, err)
 	} else {
 		known := map[string]int64{}
 		for _, w := range workers.Workers {
@@ -83,7 +89,7 @@ func verify(ctx context.Context, admin *client.Client, r *runWriters) verdict {
 		return nil
 	})
 	if err != nil {
-		v.lose("run %s: WatchRun: %v", r.id, err)
+		v.cannotRead("run %s: WatchRun: %v", r.id, err)
 	}
 	for step, ranks := range a.saved {
 		if len(ranks) < a.worldSize {
@@ -96,7 +102,7 @@ func verify(ctx context.Context, admin *client.Client, r *runWriters) verdict {
 
 	snaps, err := admin.Snapshots(ctx, r.id)
 	if err != nil {
-		v.lose("run %s: %v", r.id, err)
+		v.cannotRead("run %s: %v", r.id, err)
 	} else {
 		got := map[string]map[string]v1.SnapshotOutcome{}
 		for _, s := range snaps {
@@ -141,7 +147,7 @@ func verifyDecisions(ctx context.Context, r *runWriters, decisions map[int64]*v1
 				mu.Lock()
 				switch {
 				case err != nil:
-					v.lose("run %s: CompleteStep(%d) asked again: %v", r.id, step, err)
+					v.cannotRead("run %s: CompleteStep(%d) asked again: %v", r.id, step, err)
 				case !proto.Equal(d, decisions[step]):
 					v.lose("run %s: step %d decided %v before the crash, %v after", r.id, step, decisions[step], d)
 				}

@@ -68,3 +68,26 @@ func TestCrashLoopCatchesALostWrite(t *testing.T) {
 		}
 	}
 }
+
+// A read that fails leaves its writes unverified: reported once, apart
+// from lost writes, and the loop fails.
+func TestFailedReadsAreReportedApart(t *testing.T) {
+	var out bytes.Buffer
+	s := summary{lost: map[string]bool{}, unread: map[string]bool{}}
+	var v verdict
+	v.cannotRead("run %s: ListSnapshots: %s", "crash-0", "message too large")
+	s.record(&out, v)
+	s.record(&out, v) // seen again next cycle: not printed twice
+	if ok := report(&out, s); ok {
+		t.Errorf("report passed with a failed read:\n%s", &out)
+	}
+	got := out.String()
+	for _, want := range []string{"writes lost:          0", "reads failed:         1", "FAIL"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("output lacks %q:\n%s", want, got)
+		}
+	}
+	if n := strings.Count(got, "could not read back: run crash-0: ListSnapshots"); n != 1 {
+		t.Errorf("the failed read is printed %d times, want once:\n%s", n, got)
+	}
+}

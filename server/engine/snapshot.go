@@ -254,6 +254,11 @@ func workerStateName(w *workerState) string {
 // completeSnapshot closes a snapshot and applies its outcome to the run.
 func (m *mut) completeSnapshot(s *v1.Snapshot, outcome v1.SnapshotOutcome, why string) {
 	r := m.r
+	excused := outcome == v1.SnapshotOutcome_SNAPSHOT_OUTCOME_TIMEOUT && s.SnapshotId != r.rec.DeadlineSnapshotId &&
+		onlyGoneWorkersMissing(s, r.reportIndex(s).reported, r.workers)
+	if excused {
+		why += "; not counted toward max_consecutive_failures: only workers no longer live did not report"
+	}
 	s.CompletedAt = m.ts()
 	s.Outcome = outcome
 	s.Message = why
@@ -279,7 +284,31 @@ func (m *mut) completeSnapshot(s *v1.Snapshot, outcome v1.SnapshotOutcome, why s
 		m.finishDeadline(s)
 		return
 	}
-	m.countFailures(s)
+	if !excused {
+		m.countFailures(s)
+	}
+}
+
+// onlyGoneWorkersMissing: every worker still live reported SAVED or
+// SKIPPED, and the reports missing are from workers lost or gone since the
+// snapshot was issued. On a big cluster workers come and go (preemptions, a
+// node rebooting); that is not snapshots failing, and must not fail a run
+// through max_consecutive_failures. The snapshot is still TIMEOUT: those
+// workers' state was not saved.
+func onlyGoneWorkersMissing(s *v1.Snapshot, reported map[string]*v1.SnapshotReport, workers map[string]*workerState) bool {
+	missing := false
+	for _, id := range s.ExpectedWorkerIds {
+		switch rep := reported[id]; {
+		case rep == nil:
+			if w := workers[id]; w == nil || w.w.State == v1.WorkerState_WORKER_STATE_LIVE {
+				return false
+			}
+			missing = true
+		case rep.Outcome != v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SAVED && rep.Outcome != v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SKIPPED:
+			return false
+		}
+	}
+	return missing
 }
 
 // recordReserve feeds R: the window keeps the latest SAVED durations.

@@ -347,6 +347,46 @@ func TestLostEnvWorkerDoesNotHoldUpSnapshot(t *testing.T) {
 	h.wantState("r", v1.RunState_RUN_STATE_RUNNING)
 }
 
+// A snapshot that misses only the reports of workers lost meanwhile is
+// TIMEOUT (their state was not saved) but does not count toward
+// max_consecutive_failures: workers coming and going must not fail a run.
+// A live worker that does not report still counts.
+func TestLostWorkersDoNotCountAsSnapshotFailures(t *testing.T) {
+	h := newHarness(t)
+	h.create("r", &v1.RunSpec{
+		TrainerWorldSize: 1,
+		RolloutCheckpointing: &v1.RolloutCheckpointingSpec{SnapshotAttemptIntervalS: ptr[int32](60),
+			SnapshotTimeoutS: 30, MaxConsecutiveFailures: 1},
+	})
+	ranks := h.trainers("r", 1)
+	envs := h.envs("r", 3)
+
+	// Tick 1: envs[0] saves; envs[1] is lost (its lease of 15 s lapses);
+	// envs[2] saved... and is lost too before the snapshot completes.
+	h.advance(time.Minute, "r", append(ranks, envs...)...)
+	s := h.lastSnapshot("r")
+	h.reportAll("r", []string{envs[0], envs[2]}, s.SnapshotId, v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SAVED)
+	h.advance(20*time.Second, "r", ranks[0], envs[0])
+	got := h.lastSnapshot("r")
+	if got.Outcome != v1.SnapshotOutcome_SNAPSHOT_OUTCOME_TIMEOUT || !strings.Contains(got.Message, "not counted") {
+		t.Fatalf("snapshot missing a lost worker's report: %v %q, want TIMEOUT, not counted", got.Outcome, got.Message)
+	}
+	h.wantState("r", v1.RunState_RUN_STATE_PENDING)
+
+	// Tick 2: envs[0] stays live and does not report: that counts, and
+	// with max_consecutive_failures 1 fails the run.
+	h.advance(40*time.Second, "r", ranks[0], envs[0])
+	s = h.lastSnapshot("r")
+	h.advance(30*time.Second, "r", ranks[0], envs[0])
+	if got := h.lastSnapshot("r"); got.SnapshotId != s.SnapshotId || got.Outcome != v1.SnapshotOutcome_SNAPSHOT_OUTCOME_TIMEOUT {
+		t.Fatalf("second snapshot %v, want %s TIMEOUT", got, s.SnapshotId)
+	}
+	run := h.wantState("r", v1.RunState_RUN_STATE_FAILED)
+	if !strings.Contains(run.FailureMessage, "1 consecutive") {
+		t.Fatalf("failure_message %q", run.FailureMessage)
+	}
+}
+
 // Reports are idempotent: the same report twice is one report; after the
 // run is terminal the retry is still OK while a new report is
 // FAILED_PRECONDITION; an unknown snapshot is NOT_FOUND.

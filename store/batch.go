@@ -22,6 +22,7 @@ type opKind uint8
 
 const (
 	opPut opKind = iota
+	opPutIfAbsent
 	opDeleteThrough
 )
 
@@ -76,8 +77,9 @@ func (b *Batch) PutSnapshot(runID string, s *snapcoordv1.Snapshot) {
 	s.Reports = reports
 }
 
-// PutSnapshotReport stores one worker's report on a snapshot; Load returns
-// it in the snapshot's Reports.
+// PutSnapshotReport stores one worker's report on a snapshot unless that
+// worker's report is already stored: the first report stands, also when a
+// retry races it. Load and Snapshots return it in the snapshot's Reports.
 func (b *Batch) PutSnapshotReport(runID, snapshotID string, r *snapcoordv1.SnapshotReport) {
 	if !b.checkRunID(runID) {
 		return
@@ -86,7 +88,7 @@ func (b *Batch) PutSnapshotReport(runID, snapshotID string, r *snapcoordv1.Snaps
 		b.fail(fmt.Errorf("store: snapshot id %q contains a NUL byte", snapshotID))
 		return
 	}
-	b.put(idReports, nameKey(runID, snapshotID+"\x00"+r.GetWorkerId()), r)
+	b.add(opPutIfAbsent, idReports, reportKey(runID, snapshotID, r.GetWorkerId()), r)
 }
 
 // PutEvent stores an event of a run.
@@ -128,12 +130,16 @@ func (b *Batch) putSeq(bucket bucketID, runID, what string, n int64, m proto.Mes
 }
 
 func (b *Batch) put(bucket bucketID, key []byte, m proto.Message) {
+	b.add(opPut, bucket, key, m)
+}
+
+func (b *Batch) add(kind opKind, bucket bucketID, key []byte, m proto.Message) {
 	val, err := marshalOpts.Marshal(m)
 	if err != nil {
 		b.fail(fmt.Errorf("store: marshal %s %q: %w", allBuckets[bucket], key, err))
 		return
 	}
-	b.ops = append(b.ops, op{kind: opPut, bucket: bucket, key: key, val: val})
+	b.ops = append(b.ops, op{kind: kind, bucket: bucket, key: key, val: val})
 }
 
 // checkRunID rejects run ids that would break the key layout. An empty id
@@ -163,6 +169,12 @@ func nameKey(runID, name string) []byte {
 	k = append(k, runID...)
 	k = append(k, keySep)
 	return append(k, name...)
+}
+
+// reportKey is run id, keySep, snapshot id, keySep, worker id: a
+// snapshot's reports are one key range.
+func reportKey(runID, snapshotID, workerID string) []byte {
+	return nameKey(runID, snapshotID+"\x00"+workerID)
 }
 
 func seqKey(runID string, n int64) []byte {

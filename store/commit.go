@@ -150,7 +150,13 @@ func apply(tx *bolt.Tx, group []*Pending) error {
 }
 
 func applyOp(b *bolt.Bucket, o op) error {
-	if o.kind == opPut {
+	switch o.kind {
+	case opPut:
+		return b.Put(o.key, o.val)
+	case opPutIfAbsent:
+		if b.Get(o.key) != nil {
+			return nil
+		}
 		return b.Put(o.key, o.val)
 	}
 	return deleteRange(b, o.key, o.val)

@@ -18,7 +18,7 @@ type RunData struct {
 	Record    *storagev1.RunRecord
 	Steps     []*storagev1.StepRecord // by step
 	Workers   []*snapcoordv1.Worker   // by worker id
-	Snapshots []*snapcoordv1.Snapshot // by snapshot id, with their reports in the order reported
+	Snapshots []*snapcoordv1.Snapshot // by snapshot id; in flight: with their reports in the order reported; completed: summaries (see loadReports)
 	Events    []*snapcoordv1.RunEvent // by seq
 	Commands  []*snapcoordv1.Command  // by seq
 }
@@ -75,12 +75,19 @@ func loadTx(ctx context.Context, tx *bolt.Tx) ([]*RunData, error) {
 	return runs, nil
 }
 
-// loadReports attaches each stored report to its snapshot. Keys are run id,
-// keySep, snapshot id, keySep, worker id.
+// loadReports attaches each stored report to its snapshot if that snapshot
+// is still in flight. A completed snapshot loads as a summary, without its
+// expected workers and reports, which Snapshots reads when they are asked
+// for: a long run's reports would otherwise all be held in memory (about
+// 2 MB per snapshot of 10,000 workers). Every report must still belong to a
+// stored snapshot. Keys are run id, keySep, snapshot id, keySep, worker id.
 func loadReports(tx *bolt.Tx, byID map[string]*RunData) error {
 	snaps := map[string]*snapcoordv1.Snapshot{}
 	for id, rd := range byID {
 		for _, s := range rd.Snapshots {
+			if s.CompletedAt != nil {
+				s.ExpectedWorkerIds = nil
+			}
 			snaps[id+"\x00"+s.SnapshotId] = s
 		}
 	}
@@ -90,19 +97,95 @@ func loadReports(tx *bolt.Tx, byID map[string]*RunData) error {
 		if i < 0 || s == nil {
 			return fmt.Errorf("store: bucket %s key %q: report of unknown snapshot", bucketReports, k)
 		}
-		rep := &snapcoordv1.SnapshotReport{}
-		if err := proto.Unmarshal(v, rep); err != nil {
-			return fmt.Errorf("store: bucket %s key %q: %w", bucketReports, k, err)
+		if s.CompletedAt != nil {
+			return nil
 		}
+		rep, err := unmarshalReport(k, v)
 		s.Reports = append(s.Reports, rep)
-		return nil
+		return err
 	})
 	for _, s := range snaps {
-		slices.SortStableFunc(s.Reports, func(a, b *snapcoordv1.SnapshotReport) int {
-			return a.GetReportedAt().AsTime().Compare(b.GetReportedAt().AsTime())
-		})
+		sortReports(s.Reports)
 	}
 	return err
+}
+
+func unmarshalReport(k, v []byte) (*snapcoordv1.SnapshotReport, error) {
+	rep := &snapcoordv1.SnapshotReport{}
+	if err := proto.Unmarshal(v, rep); err != nil {
+		return nil, fmt.Errorf("store: bucket %s key %q: %w", bucketReports, k, err)
+	}
+	return rep, nil
+}
+
+// sortReports puts reports in the order they were reported; they are
+// stored by worker id.
+func sortReports(reps []*snapcoordv1.SnapshotReport) {
+	slices.SortStableFunc(reps, func(a, b *snapcoordv1.SnapshotReport) int {
+		return a.GetReportedAt().AsTime().Compare(b.GetReportedAt().AsTime())
+	})
+}
+
+// Snapshots reads the run's snapshots with the given ids in full, with
+// their reports in the order reported, and passes them to yield in the
+// order given until it returns false. They come from one read transaction,
+// so from one commit. A snapshot not stored is an error.
+func (db *DB) Snapshots(ctx context.Context, runID string, ids []string, yield func(*snapcoordv1.Snapshot) bool) error {
+	return db.bolt.View(func(tx *bolt.Tx) error {
+		for _, id := range ids {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			s, err := readSnapshot(tx, runID, id)
+			if err != nil {
+				return err
+			}
+			if !yield(s) {
+				return nil
+			}
+		}
+		return nil
+	})
+}
+
+// SnapshotReport reads one worker's stored report on a snapshot; nil if
+// there is none.
+func (db *DB) SnapshotReport(runID, snapshotID, workerID string) (*snapcoordv1.SnapshotReport, error) {
+	var rep *snapcoordv1.SnapshotReport
+	err := db.bolt.View(func(tx *bolt.Tx) error {
+		k := reportKey(runID, snapshotID, workerID)
+		v := tx.Bucket(bucketReports).Get(k)
+		if v == nil {
+			return nil
+		}
+		var err error
+		rep, err = unmarshalReport(k, v)
+		return err
+	})
+	return rep, err
+}
+
+func readSnapshot(tx *bolt.Tx, runID, id string) (*snapcoordv1.Snapshot, error) {
+	k := nameKey(runID, id)
+	v := tx.Bucket(bucketSnapshots).Get(k)
+	if v == nil {
+		return nil, fmt.Errorf("store: run %q: snapshot %q is not stored", runID, id)
+	}
+	s := &snapcoordv1.Snapshot{}
+	if err := proto.Unmarshal(v, s); err != nil {
+		return nil, fmt.Errorf("store: bucket %s key %q: %w", bucketSnapshots, k, err)
+	}
+	prefix := reportKey(runID, id, "")
+	c := tx.Bucket(bucketReports).Cursor()
+	for k, v := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, v = c.Next() {
+		rep, err := unmarshalReport(k, v)
+		if err != nil {
+			return nil, err
+		}
+		s.Reports = append(s.Reports, rep)
+	}
+	sortReports(s.Reports)
+	return s, nil
 }
 
 // loadRuns reads the runs bucket; bbolt iterates in key order, which is

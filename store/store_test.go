@@ -687,3 +687,66 @@ func TestSnapshotReportsRoundTrip(t *testing.T) {
 		t.Fatalf("reports after reload: %v", got)
 	}
 }
+
+// A worker's first report on a snapshot stands, whether a second one comes
+// in the same batch or a later one. A completed snapshot loads as a summary;
+// Snapshots and SnapshotReport read it in full.
+func TestCompletedSnapshotReadOnDemand(t *testing.T) {
+	db := mustOpen(t, tempPath(t), Options{})
+	at := func(s int64) *timestamppb.Timestamp { return timestamppb.New(time.Unix(1700000000+s, 0)) }
+	rep := func(w string, s int64, o snapcoordv1.SnapshotOutcome) *snapcoordv1.SnapshotReport {
+		return &snapcoordv1.SnapshotReport{WorkerId: w, Outcome: o, ReportedAt: at(s)}
+	}
+	const saved, ioErr = snapcoordv1.SnapshotOutcome_SNAPSHOT_OUTCOME_SAVED, snapcoordv1.SnapshotOutcome_SNAPSHOT_OUTCOME_IO_ERROR
+	done := &snapcoordv1.Snapshot{SnapshotId: "snap-1", ExpectedWorkerIds: []string{"w1", "w2"}, CompletedAt: at(9)}
+	open := &snapcoordv1.Snapshot{SnapshotId: "snap-10", ExpectedWorkerIds: []string{"w1"}}
+	b := &Batch{}
+	b.PutRun(runRecord("r"))
+	b.PutSnapshot("r", done)
+	b.PutSnapshot("r", open)
+	b.PutSnapshotReport("r", "snap-1", rep("w2", 1, saved))
+	b.PutSnapshotReport("r", "snap-1", rep("w2", 2, ioErr))
+	b.PutSnapshotReport("r", "snap-10", rep("w1", 3, saved))
+	mustCommit(t, db, b)
+	b = &Batch{}
+	b.PutSnapshotReport("r", "snap-1", rep("w1", 4, saved))
+	b.PutSnapshotReport("r", "snap-10", rep("w1", 5, ioErr))
+	mustCommit(t, db, b)
+	db = reopen(t, db)
+
+	snaps := mustLoad(t, db)[0].Snapshots
+	wantOpen := proto.CloneOf(open)
+	wantOpen.Reports = []*snapcoordv1.SnapshotReport{rep("w1", 3, saved)}
+	summary := proto.CloneOf(done)
+	summary.ExpectedWorkerIds = nil
+	assertMsgs(t, "loaded snapshots", snaps, []*snapcoordv1.Snapshot{summary, wantOpen})
+
+	wantDone := proto.CloneOf(done)
+	wantDone.Reports = []*snapcoordv1.SnapshotReport{rep("w2", 1, saved), rep("w1", 4, saved)}
+	var got []*snapcoordv1.Snapshot
+	err := db.Snapshots(t.Context(), "r", []string{"snap-10", "snap-1"}, func(s *snapcoordv1.Snapshot) bool {
+		got = append(got, s)
+		return true
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	assertMsgs(t, "read snapshots", got, []*snapcoordv1.Snapshot{wantOpen, wantDone})
+	got = nil
+	if err := db.Snapshots(t.Context(), "r", []string{"snap-1", "snap-10"}, func(s *snapcoordv1.Snapshot) bool {
+		got = append(got, s)
+		return false
+	}); err != nil || len(got) != 1 {
+		t.Fatalf("Snapshots went on after yield returned false: %d snapshots, %v", len(got), err)
+	}
+	if err := db.Snapshots(t.Context(), "r", []string{"snap-2"}, func(*snapcoordv1.Snapshot) bool { return true }); err == nil || !strings.Contains(err.Error(), "snap-2") {
+		t.Fatalf("reading a snapshot never stored: %v", err)
+	}
+
+	if r, err := db.SnapshotReport("r", "snap-1", "w2"); err != nil || !proto.Equal(r, rep("w2", 1, saved)) {
+		t.Fatalf("SnapshotReport(w2) = %v, %v; want its first report", r, err)
+	}
+	if r, err := db.SnapshotReport("r", "snap-10", "w2"); err != nil || r != nil {
+		t.Fatalf("SnapshotReport of a worker that never reported = %v, %v; want nil", r, err)
+	}
+}

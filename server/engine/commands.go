@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"encoding/base64"
+	"fmt"
 	"sort"
 	"time"
 
@@ -227,22 +228,40 @@ func (e *Engine) listSnapshots(ctx context.Context, req *v1.ListSnapshotsRequest
 	if size == 0 {
 		size = maxSnapshotPage
 	}
-	resp := &v1.ListSnapshotsResponse{}
+	// The ids come from memory; the snapshots from the store (completed ones
+	// are summaries in memory), read once the run's commits are done.
+	var ids []string
 	err = e.view(ctx, req.RunId, func(r *runState) error {
 		i := sort.Search(len(r.snapOrder), func(i int) bool { return snapshotNum(r.snapOrder[i].SnapshotId) > after })
-		bytes := 0
-		for _, s := range r.snapOrder[i:] {
-			n := proto.Size(s)
-			if len(resp.Snapshots) == size || (len(resp.Snapshots) > 0 && bytes+n > snapshotPageBytes) {
-				resp.NextPageToken = encodePageToken(resp.Snapshots[len(resp.Snapshots)-1].SnapshotId)
-				break
-			}
-			bytes += n
-			resp.Snapshots = append(resp.Snapshots, proto.Clone(s).(*v1.Snapshot))
+		for _, s := range r.snapOrder[i:min(i+size+1, len(r.snapOrder))] {
+			ids = append(ids, s.SnapshotId)
 		}
 		return nil
 	})
-	return resp, err
+	if err != nil {
+		return nil, err
+	}
+	more := len(ids) > size
+	ids = ids[:min(len(ids), size)]
+	resp := &v1.ListSnapshotsResponse{}
+	bytes := 0
+	err = e.st.Snapshots(ctx, req.RunId, ids, func(s *v1.Snapshot) bool {
+		n := proto.Size(s)
+		if len(resp.Snapshots) > 0 && bytes+n > snapshotPageBytes {
+			more = true
+			return false
+		}
+		bytes += n
+		resp.Snapshots = append(resp.Snapshots, s)
+		return true
+	})
+	if err != nil {
+		return nil, fmt.Errorf("run %q: %w", req.RunId, err)
+	}
+	if more {
+		resp.NextPageToken = encodePageToken(resp.Snapshots[len(resp.Snapshots)-1].SnapshotId)
+	}
+	return resp, nil
 }
 
 // decodeSnapshotToken returns the number of the last snapshot of the

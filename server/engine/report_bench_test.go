@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -44,6 +45,7 @@ func BenchmarkSnapshotReports(b *testing.B) {
 				b.Fatal(err)
 			}
 			envs := registerEnvs(b, eng, run, n)
+			before := liveHeap()
 			b.ResetTimer()
 			for i := range b.N {
 				// Each published checkpoint issues the next snapshot, snap-(i+1).
@@ -71,8 +73,19 @@ func BenchmarkSnapshotReports(b *testing.B) {
 				wg.Wait()
 			}
 			b.ReportMetric(float64(b.N*n)/b.Elapsed().Seconds(), "reports/s")
+			b.StopTimer()
+			// What a long run pays for every snapshot it has taken.
+			b.ReportMetric(float64(liveHeap()-before)/float64(b.N), "retained-B/snapshot")
 		})
 	}
+}
+
+// liveHeap is the heap in use after a full collection.
+func liveHeap() int64 {
+	var ms runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&ms)
+	return int64(ms.HeapAlloc)
 }
 
 // registerEnvs registers n environment workers, 64 at a time (each

@@ -106,7 +106,7 @@ func (e *Engine) reportSnapshot(ctx context.Context, req *v1.ReportSnapshotReque
 		if err != nil {
 			return err
 		}
-		err = m.snapshotReport(w, req)
+		err = m.snapshotReport(ctx, w, req)
 		state = m.r.state()
 		return err
 	})
@@ -116,27 +116,61 @@ func (e *Engine) reportSnapshot(ctx context.Context, req *v1.ReportSnapshotReque
 	return &v1.ReportSnapshotResponse{RunState: state}, nil
 }
 
-func (m *mut) snapshotReport(w *workerState, req *v1.ReportSnapshotRequest) error {
+func (m *mut) snapshotReport(ctx context.Context, w *workerState, req *v1.ReportSnapshotRequest) error {
 	r := m.r
 	s := r.snapshots[req.SnapshotId]
 	if s == nil {
 		return errorf(ErrNotFound, "snapshot_id: snapshot %q was never issued in run %q", req.SnapshotId, r.id)
+	}
+	if s.CompletedAt != nil {
+		return m.lateSnapshotReport(ctx, w, req)
 	}
 	x := r.reportIndex(s)
 	if x.reported[w.w.WorkerId] != nil {
 		return nil // a retry: the first report stands
 	}
 	if r.terminal() {
-		return errorf(ErrFailedPrecondition, "run %q is %s: no new snapshot reports", r.id, stateName(r.state()))
+		return errTerminalReport(r)
 	}
-	rep := &v1.SnapshotReport{WorkerId: w.w.WorkerId, Outcome: req.Outcome,
-		DurationSeconds: req.DurationSeconds, Message: req.Message, ReportedAt: m.ts()}
+	rep := m.newSnapshotReport(w, req)
 	s.Reports = append(s.Reports, rep)
 	x.add(rep)
 	m.b.PutSnapshotReport(r.id, s.SnapshotId, rep)
-	if s.CompletedAt == nil {
-		m.checkSnapshotDone(s)
+	m.checkSnapshotDone(s)
+	return nil
+}
+
+func (m *mut) newSnapshotReport(w *workerState, req *v1.ReportSnapshotRequest) *v1.SnapshotReport {
+	return &v1.SnapshotReport{WorkerId: w.w.WorkerId, Outcome: req.Outcome,
+		DurationSeconds: req.DurationSeconds, Message: req.Message, ReportedAt: m.ts()}
+}
+
+func errTerminalReport(r *runState) error {
+	return errorf(ErrFailedPrecondition, "run %q is %s: no new snapshot reports", r.id, stateName(r.state()))
+}
+
+// lateSnapshotReport records a report on a completed snapshot, whose
+// reports are no longer in memory (see summarize). It changes no outcome;
+// the store keeps the worker's first report. In a terminal run only a retry
+// of a stored report is accepted: the store is read once every earlier
+// commit of the run is done, so a retry racing its first attempt's commit
+// still finds it.
+func (m *mut) lateSnapshotReport(ctx context.Context, w *workerState, req *v1.ReportSnapshotRequest) error {
+	r := m.r
+	if r.terminal() {
+		if err := m.e.wait(ctx, r.last); err != nil {
+			return err
+		}
+		rep, err := m.e.st.SnapshotReport(r.id, req.SnapshotId, w.w.WorkerId)
+		if err != nil {
+			return fmt.Errorf("run %q: %w", r.id, err)
+		}
+		if rep == nil {
+			return errTerminalReport(r)
+		}
+		return nil
 	}
+	m.b.PutSnapshotReport(r.id, req.SnapshotId, m.newSnapshotReport(w, req))
 	return nil
 }
 
@@ -176,9 +210,9 @@ func (x *reportIndex) add(rep *v1.SnapshotReport) {
 	}
 }
 
-// reportIndex returns s's index, building it from s.Reports the first time
-// (a new snapshot, or one loaded after a restart). Indexes of completed
-// snapshots are dropped by dropReportIndexes.
+// reportIndex returns the index of s, a snapshot in flight, building it
+// from s.Reports the first time (a new snapshot, or one loaded after a
+// restart). completeSnapshot drops it.
 func (r *runState) reportIndex(s *v1.Snapshot) *reportIndex {
 	if x := r.reportIdx[s.SnapshotId]; x != nil {
 		return x
@@ -200,15 +234,14 @@ func (r *runState) reportIndex(s *v1.Snapshot) *reportIndex {
 	return x
 }
 
-// dropReportIndexes keeps the indexes of the snapshot just completed (late
-// reports go to it) and of the one in flight; older ones are rebuilt if a
-// report for them ever comes.
-func (r *runState) dropReportIndexes(completed string) {
-	for id := range r.reportIdx {
-		if id != completed && id != r.rec.ActiveSnapshotId {
-			delete(r.reportIdx, id)
-		}
-	}
+// summarize drops a completed snapshot's expected workers and reports from
+// memory once they are stored: nothing decided later reads them, and a long
+// run of a big job would otherwise hold every snapshot's reports (about
+// 2 MB per snapshot of 10,000 workers). ListSnapshots reads them back from
+// the store; store.Load returns completed snapshots the same way.
+func summarize(s *v1.Snapshot) {
+	s.ExpectedWorkerIds = nil
+	s.Reports = nil
 }
 
 // combineOutcomes is the snapshot's outcome from its reports: any missing or
@@ -268,11 +301,12 @@ func (m *mut) completeSnapshot(s *v1.Snapshot, outcome v1.SnapshotOutcome, why s
 		s.DurationSeconds = s.Reports[n-1].ReportedAt.AsTime().Sub(s.IssuedAt.AsTime()).Seconds()
 	}
 	m.putSnapshot(s)
+	summarize(s)
 	if r.rec.ActiveSnapshotId == s.SnapshotId {
 		r.rec.ActiveSnapshotId = ""
 		m.disarm(timerSnapshot)
 	}
-	r.dropReportIndexes(s.SnapshotId)
+	delete(r.reportIdx, s.SnapshotId)
 	m.event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_SNAPSHOT_COMPLETED, SnapshotId: s.SnapshotId, Step: s.AnchorStep,
 		Message: fmt.Sprintf("snapshot %s %s after %.3g s: %s", s.SnapshotId, outcomeName(outcome), s.DurationSeconds, why)})
 	runID, id, reason, dur := r.id, s.SnapshotId, s.Reason, s.DurationSeconds

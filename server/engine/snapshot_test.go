@@ -536,3 +536,70 @@ func TestListSnapshotsPages(t *testing.T) {
 	_, err := h.e.ListSnapshots(h.ctx, &v1.ListSnapshotsRequest{RunId: "r", PageToken: "bm90LWEtc25hcHNob3Q"})
 	wantErr(t, err, ErrInvalidArgument, "page_token")
 }
+
+// A completed snapshot's reports are kept on disk, not in memory, yet
+// ListSnapshots shows them all, late ones included, in the order they came,
+// before and after a restart. A late report changes no outcome; the first
+// report of a worker stands; in a terminal run only its retry is accepted.
+func TestCompletedSnapshotReports(t *testing.T) {
+	h := newHarness(t)
+	h.create("r", &v1.RunSpec{
+		TrainerWorldSize: 1,
+		RolloutCheckpointing: &v1.RolloutCheckpointingSpec{SnapshotAttemptIntervalS: ptr[int32](60),
+			SnapshotTimeoutS: 30, MaxConsecutiveFailures: 5},
+	})
+	ranks := h.trainers("r", 1)
+	envs := h.envs("r", 4)
+	alive := append(ranks, envs...)
+	const saved, ioErr = v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SAVED, v1.SnapshotOutcome_SNAPSHOT_OUTCOME_IO_ERROR
+
+	h.advance(time.Minute, "r", alive...)
+	s := h.lastSnapshot("r")
+	h.reportAll("r", envs[1:2], s.SnapshotId, saved)
+	h.advance(time.Second, "r", alive...) // reports are ordered by their time
+	h.reportAll("r", envs[:1], s.SnapshotId, saved)
+	h.advance(29*time.Second, "r", alive...) // envs[2] and envs[3] are late
+	if got := h.lastSnapshot("r"); got.Outcome != v1.SnapshotOutcome_SNAPSHOT_OUTCOME_TIMEOUT {
+		t.Fatalf("snapshot %v, want TIMEOUT", got)
+	}
+	h.advance(time.Second, "r", alive...)
+	if err := h.report("r", envs[2], s.SnapshotId, saved, 31); err != nil {
+		t.Fatalf("late report: %v", err)
+	}
+	if err := h.report("r", envs[2], s.SnapshotId, ioErr, 32); err != nil {
+		t.Fatalf("retry of a late report: %v", err)
+	}
+	wantReports := func(when string, ids ...string) {
+		t.Helper()
+		got := h.snapshots("r")[0]
+		if got.Outcome != v1.SnapshotOutcome_SNAPSHOT_OUTCOME_TIMEOUT || len(got.ExpectedWorkerIds) != len(envs) {
+			t.Fatalf("%s: snapshot %v, want TIMEOUT expecting %d workers", when, got, len(envs))
+		}
+		var reported []string
+		for _, rep := range got.Reports {
+			reported = append(reported, rep.WorkerId)
+			if rep.Outcome != saved {
+				t.Fatalf("%s: %s's report %v, want its first, SAVED", when, rep.WorkerId, rep.Outcome)
+			}
+		}
+		if !slices.Equal(reported, ids) {
+			t.Fatalf("%s: reports from %v, want %v in the order they came", when, reported, ids)
+		}
+	}
+	wantReports("after a late report", envs[1], envs[0], envs[2])
+
+	h.stepAll("r", ranks, 1, 10)
+	if _, err := h.e.FinishRun(h.ctx, &v1.FinishRunRequest{RunId: "r", WorkerId: ranks[0]}); err != nil {
+		t.Fatal(err)
+	}
+	h.wantState("r", v1.RunState_RUN_STATE_COMPLETED)
+	for _, when := range []string{"terminal run", "terminal run after a restart"} {
+		if err := h.report("r", envs[2], s.SnapshotId, saved, 31); err != nil {
+			t.Fatalf("%s: retry of a late report: %v", when, err)
+		}
+		err := h.report("r", envs[3], s.SnapshotId, saved, 40)
+		wantErr(t, err, ErrFailedPrecondition, "COMPLETED")
+		wantReports(when, envs[1], envs[0], envs[2])
+		h.restart()
+	}
+}

@@ -20,6 +20,9 @@ var errNoStop = errors.New("the run is over but no Stop was delivered")
 // receive runs follow and closes Commands when it returns.
 func (w *Worker) receive(ctx context.Context) {
 	err := w.follow(ctx)
+	if cause := context.Cause(ctx); err == nil && errors.Is(cause, ErrSuperseded) {
+		err = cause
+	}
 	w.mu.Lock()
 	w.err = err
 	w.mu.Unlock()
@@ -32,7 +35,8 @@ func (w *Worker) receive(ctx context.Context) {
 func (w *Worker) follow(ctx context.Context) error {
 	var failures uint
 	for {
-		stopped, progressed, err := w.fetch(ctx)
+		inc := w.Incarnation()
+		stopped, progressed, err := w.fetch(ctx, inc)
 		switch {
 		case stopped, ctx.Err() != nil:
 			return nil
@@ -42,7 +46,7 @@ func (w *Worker) follow(ctx context.Context) error {
 		if err == nil {
 			continue
 		}
-		if err := w.recover(ctx, err); err != nil {
+		if err := w.recover(ctx, err, inc); err != nil {
 			return err
 		}
 		failures++
@@ -52,16 +56,17 @@ func (w *Worker) follow(ctx context.Context) error {
 	}
 }
 
-func (w *Worker) fetch(ctx context.Context) (stopped, progressed bool, err error) {
+// fetch streams or polls the commands as incarnation inc.
+func (w *Worker) fetch(ctx context.Context, inc int64) (stopped, progressed bool, err error) {
 	if w.Polling() {
-		return w.poll(ctx)
+		return w.poll(ctx, inc)
 	}
-	return w.stream(ctx)
+	return w.stream(ctx, inc)
 }
 
-// recover says what a failed fetch means: nil to try again after a
-// backoff, or the error that ends the worker.
-func (w *Worker) recover(ctx context.Context, err error) error {
+// recover says what a failed fetch as incarnation inc means: nil to try
+// again after a backoff, or the error that ends the worker.
+func (w *Worker) recover(ctx context.Context, err error, inc int64) error {
 	if errors.Is(err, errNoStop) {
 		return ErrRunEnded
 	}
@@ -70,9 +75,12 @@ func (w *Worker) recover(ctx context.Context, err error) error {
 	case codes.Unavailable, codes.Canceled, codes.DeadlineExceeded, codes.ResourceExhausted, codes.Aborted:
 		return nil // the coordinator restarts, drains or is busy: resume
 	case codes.FailedPrecondition:
-		// The stream belonged to an earlier incarnation: the heartbeat loop
-		// (or a restarted process with this name) registered again. The
-		// next stream opens for the current one.
+		if superseded(err) {
+			// Another process took the name (then the worker stops, and
+			// ctx ends), or this one registered again: the next stream
+			// opens for the current incarnation.
+			w.staleStream(ctx, inc, err)
+		}
 		return nil
 	case codes.NotFound:
 		// The coordinator does not know the worker (its state was reset).
@@ -100,10 +108,11 @@ func (w *Worker) recover(ctx context.Context, err error) error {
 	return nil
 }
 
-func (w *Worker) stream(ctx context.Context) (stopped, progressed bool, err error) {
+func (w *Worker) stream(ctx context.Context, inc int64) (stopped, progressed bool, err error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	s, err := w.c.Workers.StreamCommands(ctx, &v1.StreamCommandsRequest{RunId: w.cfg.RunID, WorkerId: w.ID(), AfterSeq: w.LastSeq()})
+	s, err := w.c.Workers.StreamCommands(ctx, &v1.StreamCommandsRequest{RunId: w.cfg.RunID, WorkerId: w.ID(),
+		AfterSeq: w.LastSeq(), Incarnation: inc})
 	if err != nil {
 		return false, false, err
 	}
@@ -114,7 +123,7 @@ func (w *Worker) stream(ctx context.Context) (stopped, progressed bool, err erro
 			// is over and the Stop lies before our resume point. One poll
 			// (answered at once for a finished run) tells that apart from
 			// anything unexpected, which it then simply continues.
-			stopped, polled, err := w.poll(ctx)
+			stopped, polled, err := w.poll(ctx, inc)
 			return stopped, progressed || polled, err
 		}
 		if err != nil {
@@ -127,9 +136,10 @@ func (w *Worker) stream(ctx context.Context) (stopped, progressed bool, err erro
 	}
 }
 
-func (w *Worker) poll(ctx context.Context) (stopped, progressed bool, err error) {
+func (w *Worker) poll(ctx context.Context, inc int64) (stopped, progressed bool, err error) {
 	resp, err := w.c.Workers.PollCommands(ctx, &v1.PollCommandsRequest{
 		RunId: w.cfg.RunID, WorkerId: w.ID(), AfterSeq: w.LastSeq(), WaitSeconds: int32(w.cfg.PollWait.Seconds()),
+		Incarnation: inc,
 	}, noRetry)
 	if err != nil {
 		return false, false, err

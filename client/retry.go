@@ -53,7 +53,8 @@ var retried = map[string]bool{
 	// CancelRun of a cancelled run returns OK.
 	v1.RunService_CancelRun_FullMethodName: true,
 	// RegisterWorker by a stable name is the same worker again (a new
-	// incarnation, which the caller adopts).
+	// incarnation, which the caller adopts); a re-register repeated gets
+	// the registration its first attempt made.
 	v1.WorkerService_RegisterWorker_FullMethodName: true,
 	// A lease renewal.
 	v1.WorkerService_Heartbeat_FullMethodName: true,

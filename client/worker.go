@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -19,6 +20,12 @@ import (
 // ErrRunEnded is Worker.Err when the run ended without the worker seeing a
 // Stop (it was issued before the worker's first sequence number).
 var ErrRunEnded = errors.New("client: the run ended")
+
+// ErrSuperseded is Worker.Err when another process registered under the
+// worker's name (a replacement started while this process still ran): the
+// coordinator no longer serves this process, and it must stop rather than
+// register again, or the two would take the name from each other in turn.
+var ErrSuperseded = errors.New("client: another process registered under this worker's name")
 
 // WorkerConfig describes a worker process to the coordinator.
 type WorkerConfig struct {
@@ -69,10 +76,15 @@ type Worker struct {
 	log  *slog.Logger
 	cmds chan *v1.Command
 
-	stop      context.CancelFunc
+	stop      context.CancelCauseFunc
 	done      chan struct{} // closed once both background loops returned
 	closeOnce sync.Once
 	closeErr  error
+
+	// regMu is held across a re-register, so that a stream refused for a
+	// stale incarnation tells this process's own re-register (reopen) from
+	// another process's (stop).
+	regMu sync.Mutex
 
 	mu       sync.Mutex
 	reg      *v1.RegisterWorkerResponse
@@ -95,18 +107,18 @@ type Worker struct {
 func (c *Client) StartWorker(ctx context.Context, cfg WorkerConfig) (*Worker, error) {
 	cfg = cfg.withDefaults()
 	w := &Worker{c: c, cfg: cfg, log: cfg.Logger, cmds: make(chan *v1.Command), done: make(chan struct{}), polling: cfg.Poll}
-	if err := w.register(ctx); err != nil {
+	if err := w.register(ctx, 0); err != nil {
 		return nil, fmt.Errorf("client: register %q in run %q: %w", cfg.Name, cfg.RunID, err)
 	}
 	if !cfg.Replay {
 		w.lastSeq = w.reg.GetLastCommandSeq()
 	}
-	loopCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	loopCtx, stop := context.WithCancelCause(context.WithoutCancel(ctx))
 	w.stop = stop
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		w.receive(loopCtx)
-		stop() // a worker whose commands ended has nothing to stay alive for
+		stop(nil) // a worker whose commands ended has nothing to stay alive for
 	})
 	wg.Go(func() { w.heartbeats(loopCtx) })
 	go func() { wg.Wait(); close(w.done) }()
@@ -119,7 +131,8 @@ func (c *Client) StartWorker(ctx context.Context, cfg WorkerConfig) (*Worker, er
 func (w *Worker) Commands() <-chan *v1.Command { return w.cmds }
 
 // Err is why Commands was closed: nil after a Stop or Close, otherwise the
-// error that retrying could not fix (a bad token, an unknown run, ErrRunEnded).
+// error that retrying could not fix (a bad token, an unknown run,
+// ErrRunEnded, ErrSuperseded).
 func (w *Worker) Err() error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -176,15 +189,21 @@ func (w *Worker) ReportSnapshot(ctx context.Context, snapshotID string, outcome 
 }
 
 // Close stops the background work and deregisters the worker, so that no
-// snapshot waits for it. Later calls return the first call's result.
+// snapshot waits for it; a superseded worker is not deregistered (the name
+// belongs to another process now). Later calls return the first call's
+// result.
 func (w *Worker) Close(ctx context.Context) error {
 	w.closeOnce.Do(func() {
-		w.stop()
+		w.stop(nil)
 		select {
 		case <-w.done:
 		case <-ctx.Done():
 		}
-		_, err := w.c.Workers.DeregisterWorker(ctx, &v1.DeregisterWorkerRequest{RunId: w.cfg.RunID, WorkerId: w.ID()})
+		if errors.Is(w.Err(), ErrSuperseded) {
+			return
+		}
+		_, err := w.c.Workers.DeregisterWorker(ctx, &v1.DeregisterWorkerRequest{RunId: w.cfg.RunID, WorkerId: w.ID(),
+			Incarnation: w.Incarnation()})
 		if err != nil {
 			w.closeErr = fmt.Errorf("client: deregister %s: %w", w.ID(), err)
 		}
@@ -192,9 +211,11 @@ func (w *Worker) Close(ctx context.Context) error {
 	return w.closeErr
 }
 
-func (w *Worker) register(ctx context.Context, opts ...grpc.CallOption) error {
+// register registers the worker. incarnation is the one it holds, 0 for a
+// process starting: see RegisterWorkerRequest.incarnation.
+func (w *Worker) register(ctx context.Context, incarnation int64, opts ...grpc.CallOption) error {
 	resp, err := w.c.Workers.RegisterWorker(ctx, &v1.RegisterWorkerRequest{
-		RunId: w.cfg.RunID, Role: w.cfg.Role, Name: w.cfg.Name, Rank: w.cfg.Rank,
+		RunId: w.cfg.RunID, Role: w.cfg.Role, Name: w.cfg.Name, Rank: w.cfg.Rank, Incarnation: incarnation,
 	}, opts...)
 	if err != nil {
 		return err
@@ -205,15 +226,60 @@ func (w *Worker) register(ctx context.Context, opts ...grpc.CallOption) error {
 	return nil
 }
 
+// reregister registers again under the incarnation the worker holds. If
+// another process took the name meanwhile, the worker stops with
+// ErrSuperseded.
 func (w *Worker) reregister(ctx context.Context, why string) error {
+	w.regMu.Lock()
+	defer w.regMu.Unlock()
+	return w.reregisterLocked(ctx, why)
+}
+
+func (w *Worker) reregisterLocked(ctx context.Context, why string) error {
 	w.log.Info("registering again", "why", why)
-	if err := w.register(ctx, noRetry); err != nil {
+	if err := w.register(ctx, w.Incarnation(), noRetry); err != nil {
+		if superseded(err) {
+			w.log.Error("another process registered under this worker's name: stopping", "err", err)
+			w.stop(fmt.Errorf("%w: %w", ErrSuperseded, err))
+			return err
+		}
 		w.log.Warn("registering again failed", "err", err)
 		return err
 	}
 	w.log.Info("registered again", "worker_id", w.ID(), "incarnation", w.Incarnation())
 	return nil
 }
+
+// staleStream handles a stream or poll refused for the stale incarnation
+// sent: this process registered again since (reopen under the new one), or
+// another process did. A re-register settles which: the coordinator answers
+// a repeat of this process's own (whose answer was lost) with its
+// registration, and stops a superseded process.
+func (w *Worker) staleStream(ctx context.Context, sent int64, err error) {
+	w.regMu.Lock()
+	defer w.regMu.Unlock()
+	if w.Incarnation() != sent {
+		return
+	}
+	_ = w.reregisterLocked(ctx, "command stream refused: "+status.Convert(err).Message())
+}
+
+// superseded reports whether the coordinator refused a call because another
+// process registered under the worker's name.
+func superseded(err error) bool {
+	for _, d := range status.Convert(err).Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetDomain() == errorDomain && info.GetReason() == reasonSuperseded {
+			return true
+		}
+	}
+	return false
+}
+
+// The coordinator's ErrorInfo for a superseded worker.
+const (
+	errorDomain      = "snapcoord.v1"
+	reasonSuperseded = "WORKER_SUPERSEDED"
+)
 
 // heartbeats renews the lease every heartbeat_interval until ctx ends.
 func (w *Worker) heartbeats(ctx context.Context) {
@@ -236,7 +302,8 @@ func (w *Worker) beat(ctx context.Context) {
 	}
 	callCtx, cancel := context.WithTimeout(ctx, w.interval())
 	defer cancel()
-	resp, err := w.c.Workers.Heartbeat(callCtx, &v1.HeartbeatRequest{RunId: w.cfg.RunID, WorkerId: w.ID()}, noRetry)
+	resp, err := w.c.Workers.Heartbeat(callCtx, &v1.HeartbeatRequest{RunId: w.cfg.RunID, WorkerId: w.ID(),
+		Incarnation: w.Incarnation()}, noRetry)
 	switch status.Code(err) {
 	case codes.OK:
 		w.mu.Lock()

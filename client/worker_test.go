@@ -2,8 +2,10 @@ package client_test
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -238,5 +240,43 @@ func TestStartWorkerWithAWrongTokenFails(t *testing.T) {
 	})
 	if status.Code(err) != codes.Unauthenticated {
 		t.Fatalf("StartWorker with a wrong run token: %v, want UNAUTHENTICATED", err)
+	}
+}
+
+// A replacement process registers under the name of a worker whose process
+// still runs (a node thought dead): the old worker stops with ErrSuperseded
+// instead of registering again and taking the name back, its Close leaves
+// the replacement registered, and the replacement gets the commands.
+func TestSupersededWorkerStops(t *testing.T) {
+	for _, poll := range []bool{false, true} {
+		t.Run(map[bool]string{false: "stream", true: "poll"}[poll], func(t *testing.T) {
+			co := startCoordinator(t)
+			cl := co.createRun("r1", turnSpec(1))
+			admin := co.dial("")
+			old := startEnvWorker(t, cl, "r1", poll)
+			replacement := startEnvWorker(t, cl, "r1", poll)
+			if replacement.ID() != old.ID() || replacement.Incarnation() != old.Incarnation()+1 {
+				t.Fatalf("replacement %s incarnation %d, want %s incarnation %d",
+					replacement.ID(), replacement.Incarnation(), old.ID(), old.Incarnation()+1)
+			}
+
+			select {
+			case cmd, ok := <-old.Commands():
+				if ok {
+					t.Fatalf("the superseded worker got %v", cmd)
+				}
+			case <-time.After(15 * time.Second):
+				t.Fatal("the superseded worker still runs after 15 s")
+			}
+			if err := old.Err(); !errors.Is(err, client.ErrSuperseded) {
+				t.Fatalf("Err = %v, want ErrSuperseded", err)
+			}
+			closeWorker(t, old)
+			if got := workerState(t, admin, "r1", replacement.ID()); got.GetState() != v1.WorkerState_WORKER_STATE_LIVE ||
+				got.GetIncarnation() != replacement.Incarnation() {
+				t.Fatalf("after the old worker closed: %v, want the replacement's incarnation %d LIVE", got, replacement.Incarnation())
+			}
+			saveAtDeadline(t, admin, "r1", replacement)
+		})
 	}
 }

@@ -76,7 +76,8 @@ Exit status:
   2   usage: unknown command, bad flag, missing argument
   3   not found: no such run, worker or step
   4   conflict or wrong state: the run exists (run create shows a token only
-      once), the deadline already fired, the run is over
+      once), the deadline already fired, the run is over; sidecar: another
+      process registered under the worker's name
   5   the coordinator is unreachable, shutting down, or did not answer in time
   6   authentication or permission: missing or wrong token
   7   invalid input: rejected by the coordinator, or a bad YAML file, time or

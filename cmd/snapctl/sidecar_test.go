@@ -272,3 +272,24 @@ func registrationPeers(t *testing.T, logs, runID string) map[string]int {
 	}
 	return peers
 }
+
+// A second sidecar under the same name (a replacement started while the
+// first still runs): the first exits with the conflict status, saying why,
+// and leaves the replacement registered.
+func TestSupersededSidecarExits(t *testing.T) {
+	s := startServer(t)
+	tok := s.turnRun("r1")
+	first := s.sidecar("r1", tok, "--on-snapshot", "true")
+	s.sidecar("r1", tok, "--on-snapshot", "true")
+	if code := first.exitCode(t); code != exitConflict {
+		t.Errorf("superseded sidecar exit %d, want %d", code, exitConflict)
+	}
+	if out := first.out.String(); !strings.Contains(out, "another process registered under this worker's name") {
+		t.Errorf("superseded sidecar does not say why:\n%s", out)
+	}
+	var workers v1.ListWorkersResponse
+	s.getJSON(&workers, "workers", "r1")
+	if ws := workers.GetWorkers(); len(ws) != 1 || ws[0].GetState() != v1.WorkerState_WORKER_STATE_LIVE || ws[0].GetIncarnation() != 2 {
+		t.Errorf("after the first sidecar exited the workers are %v, want the replacement's incarnation 2 LIVE", ws)
+	}
+}

@@ -38,7 +38,7 @@ type cursor struct {
 	incarnation int64
 }
 
-func (e *Engine) openCursor(runID, workerID string) (*cursor, error) {
+func (e *Engine) openCursor(runID, workerID string, incarnation int64) (*cursor, error) {
 	r, err := e.run(runID)
 	if err != nil {
 		return nil, err
@@ -47,6 +47,9 @@ func (e *Engine) openCursor(runID, workerID string) (*cursor, error) {
 	defer r.mu.Unlock()
 	w, err := r.worker(workerID, v1.WorkerRole_WORKER_ROLE_UNSPECIFIED, "StreamCommands")
 	if err != nil {
+		return nil, err
+	}
+	if err := w.current(incarnation); err != nil {
 		return nil, err
 	}
 	return &cursor{e: e, r: r, workerID: workerID, role: w.w.Role, incarnation: w.w.Incarnation}, nil
@@ -59,9 +62,8 @@ func (c *cursor) next(after int64) (cmds []*v1.Command, changed <-chan struct{},
 	changed = c.r.commandsChanged() // taken first, so no change slips between the read and the wait
 	c.r.mu.Lock()
 	defer c.r.mu.Unlock()
-	if w := c.r.workers[c.workerID]; w.w.Incarnation != c.incarnation {
-		return nil, nil, 0, false, errorf(ErrFailedPrecondition, "worker %s re-registered (incarnation %d); this stream belongs to incarnation %d",
-			c.workerID, w.w.Incarnation, c.incarnation)
+	if err := c.r.workers[c.workerID].current(c.incarnation); err != nil {
+		return nil, nil, 0, false, err
 	}
 	settled = c.r.durableCmd.Load() >= c.r.rec.LastCommandSeq
 	return c.r.pending(after, c.role), changed, c.r.state(), settled, nil
@@ -75,7 +77,7 @@ func (c *cursor) delivered(ctx context.Context, cmds []*v1.Command) {
 }
 
 func (e *Engine) streamCommands(ctx context.Context, req *v1.StreamCommandsRequest, send func(*v1.Command) error) error {
-	c, err := e.openCursor(req.RunId, req.WorkerId)
+	c, err := e.openCursor(req.RunId, req.WorkerId, req.Incarnation)
 	if err != nil {
 		return err
 	}
@@ -120,7 +122,7 @@ func (e *Engine) await(ctx context.Context, changed <-chan struct{}) error {
 }
 
 func (e *Engine) pollCommands(ctx context.Context, req *v1.PollCommandsRequest) (*v1.PollCommandsResponse, error) {
-	c, err := e.openCursor(req.RunId, req.WorkerId)
+	c, err := e.openCursor(req.RunId, req.WorkerId, req.Incarnation)
 	if err != nil {
 		return nil, err
 	}

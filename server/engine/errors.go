@@ -17,11 +17,18 @@ var (
 	ErrUnavailable        = errors.New("unavailable")
 )
 
+// ReasonWorkerSuperseded is the Reason of a call from a worker process whose
+// name another process has registered since: that process must stop, not
+// register again (two processes would take turns superseding each other).
+const ReasonWorkerSuperseded = "WORKER_SUPERSEDED"
+
 // Error is a domain error whose message is safe to show a client: it names
 // the field or the object concerned and never carries internal detail.
+// Reason, when set, is a machine-readable cause a client acts on.
 type Error struct {
-	Kind error
-	Msg  string
+	Kind   error
+	Msg    string
+	Reason string
 }
 
 func (e *Error) Error() string { return e.Msg }

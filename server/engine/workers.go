@@ -28,6 +28,17 @@ func (r *runState) worker(id string, role v1.WorkerRole, rpc string) (*workerSta
 	return w, nil
 }
 
+// current checks that a call comes from the worker's current incarnation,
+// when the call names one (0 does not).
+func (w *workerState) current(incarnation int64) error {
+	if incarnation == 0 || incarnation == w.w.Incarnation {
+		return nil
+	}
+	return &Error{Kind: ErrFailedPrecondition, Reason: ReasonWorkerSuperseded, Msg: fmt.Sprintf(
+		"incarnation: %d of worker %s (%q) is not current: the name registered again as incarnation %d; a process still holding %d was superseded and must stop",
+		incarnation, w.w.WorkerId, w.w.Name, w.w.Incarnation, incarnation)}
+}
+
 func roleName(r v1.WorkerRole) string {
 	if r == v1.WorkerRole_WORKER_ROLE_TRAINER {
 		return "trainer ranks"
@@ -71,10 +82,18 @@ func (m *mut) register(req *v1.RegisterWorkerRequest) (*workerState, error) {
 	if r.terminal() {
 		return nil, errorf(ErrFailedPrecondition, "run %q is %s: it takes no new workers", r.id, stateName(r.state()))
 	}
+	w := r.byName[req.Name]
+	if w != nil && req.Incarnation != 0 && req.Incarnation == w.w.ReplacedIncarnation {
+		return w, nil // the repeat of a re-register whose answer was lost
+	}
+	if w != nil {
+		if err := w.current(req.Incarnation); err != nil {
+			return nil, err
+		}
+	}
 	if err := m.checkRank(req); err != nil {
 		return nil, err
 	}
-	w := r.byName[req.Name]
 	if w == nil {
 		if len(r.workers) >= m.e.opts.MaxWorkersPerRun {
 			return nil, errorf(ErrResourceExhausted, "limit max_workers_per_run (%d) reached in run %q", m.e.opts.MaxWorkersPerRun, r.id)
@@ -87,6 +106,7 @@ func (m *mut) register(req *v1.RegisterWorkerRequest) (*workerState, error) {
 		m.dirty()
 	}
 	m.releaseRank(req, w)
+	w.w.ReplacedIncarnation = req.Incarnation
 	w.w.Incarnation++
 	if w.w.Incarnation > 1 {
 		m.notify.commands = true // the previous incarnation's streams and polls must end
@@ -217,6 +237,9 @@ func (e *Engine) heartbeat(ctx context.Context, req *v1.HeartbeatRequest) (*v1.H
 		if err != nil {
 			return err
 		}
+		if err := w.current(req.Incarnation); err != nil {
+			return err
+		}
 		if w.w.State == v1.WorkerState_WORKER_STATE_LEFT {
 			return errorf(ErrFailedPrecondition, "worker_id: %s deregistered; register again", w.w.WorkerId)
 		}
@@ -239,7 +262,10 @@ func (e *Engine) heartbeat(ctx context.Context, req *v1.HeartbeatRequest) (*v1.H
 func (e *Engine) deregisterWorker(ctx context.Context, req *v1.DeregisterWorkerRequest) (*v1.DeregisterWorkerResponse, error) {
 	err := e.mutate(ctx, req.RunId, func(m *mut) error {
 		w, err := m.r.worker(req.WorkerId, v1.WorkerRole_WORKER_ROLE_UNSPECIFIED, "DeregisterWorker")
-		if err != nil || w.w.State == v1.WorkerState_WORKER_STATE_LEFT {
+		if err != nil {
+			return err
+		}
+		if err := w.current(req.Incarnation); err != nil || w.w.State == v1.WorkerState_WORKER_STATE_LEFT {
 			return err
 		}
 		m.leave(w, "deregistered")

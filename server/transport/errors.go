@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -46,7 +47,7 @@ func toStatus(ctx context.Context, log *slog.Logger, err error) error {
 	}
 	for _, kc := range kindCodes {
 		if errors.Is(err, kc.kind) {
-			return status.Error(kc.code, safeMessage(err, kc.kind))
+			return withReason(status.New(kc.code, safeMessage(err, kc.kind)), err)
 		}
 	}
 	if se, ok := errors.AsType[sendError](err); ok {
@@ -61,6 +62,22 @@ func toStatus(ctx context.Context, log *slog.Logger, err error) error {
 	method, _ := grpc.Method(ctx)
 	log.ErrorContext(ctx, "internal error", "method", method, "err", err)
 	return ErrInternal
+}
+
+// ErrorDomain is the ErrorInfo domain of the reasons snapcoord gives.
+const ErrorDomain = "snapcoord.v1"
+
+// withReason attaches an engine.Error's Reason as google.rpc.ErrorInfo, so
+// that clients act on it without parsing the message.
+func withReason(st *status.Status, err error) error {
+	ee, ok := errors.AsType[*engine.Error](err)
+	if !ok || ee.Reason == "" {
+		return st.Err()
+	}
+	if d, derr := st.WithDetails(&errdetails.ErrorInfo{Reason: ee.Reason, Domain: ErrorDomain}); derr == nil {
+		st = d
+	}
+	return st.Err()
 }
 
 // safeMessage returns the engine's client-safe message. A bare kind (not

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -106,3 +107,21 @@ func TestToStatusNil(t *testing.T) {
 }
 
 func discard() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+// A Reason reaches the client as google.rpc.ErrorInfo next to the code.
+func TestToStatusCarriesReason(t *testing.T) {
+	err := fmt.Errorf("heartbeat: %w", &engine.Error{Kind: engine.ErrFailedPrecondition, Msg: "incarnation: 1 is not current",
+		Reason: engine.ReasonWorkerSuperseded})
+	st := status.Convert(toStatus(t.Context(), discard(), err))
+	if st.Code() != codes.FailedPrecondition || st.Message() != "incarnation: 1 is not current" {
+		t.Fatalf("got %v %q", st.Code(), st.Message())
+	}
+	details := st.Details()
+	info, ok := details[0].(*errdetails.ErrorInfo)
+	if len(details) != 1 || !ok || info.Reason != engine.ReasonWorkerSuperseded || info.Domain != ErrorDomain {
+		t.Fatalf("details %v, want one ErrorInfo %s in %s", details, engine.ReasonWorkerSuperseded, ErrorDomain)
+	}
+	if got := status.Convert(toStatus(t.Context(), discard(), &engine.Error{Kind: engine.ErrNotFound, Msg: "m"})); len(got.Details()) != 0 {
+		t.Fatalf("an error without a reason got details %v", got.Details())
+	}
+}

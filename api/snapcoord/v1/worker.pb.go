@@ -281,8 +281,13 @@ type Worker struct {
 	RegisteredAt *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=registered_at,json=registeredAt,proto3" json:"registered_at,omitempty"`
 	// When the lease lapses unless a heartbeat renews it.
 	LeaseExpiresAt *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=lease_expires_at,json=leaseExpiresAt,proto3" json:"lease_expires_at,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The incarnation this one replaced when the worker's own process
+	// registered again (RegisterWorker with its incarnation); 0 when a process
+	// took the name over. A repeat of that re-register, whose answer was lost,
+	// gets this incarnation again rather than being refused as superseded.
+	ReplacedIncarnation int64 `protobuf:"varint,9,opt,name=replaced_incarnation,json=replacedIncarnation,proto3" json:"replaced_incarnation,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *Worker) Reset() {
@@ -369,6 +374,13 @@ func (x *Worker) GetLeaseExpiresAt() *timestamppb.Timestamp {
 		return x.LeaseExpiresAt
 	}
 	return nil
+}
+
+func (x *Worker) GetReplacedIncarnation() int64 {
+	if x != nil {
+		return x.ReplacedIncarnation
+	}
+	return 0
 }
 
 // SnapshotReport is one environment worker's report on a snapshot.
@@ -980,7 +992,7 @@ var File_snapcoord_v1_worker_proto protoreflect.FileDescriptor
 
 const file_snapcoord_v1_worker_proto_rawDesc = "" +
 	"\n" +
-	"\x19snapcoord/v1/worker.proto\x12\fsnapcoord.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd5\x02\n" +
+	"\x19snapcoord/v1/worker.proto\x12\fsnapcoord.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x88\x03\n" +
 	"\x06Worker\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12,\n" +
@@ -989,7 +1001,8 @@ const file_snapcoord_v1_worker_proto_rawDesc = "" +
 	"\x05state\x18\x05 \x01(\x0e2\x19.snapcoord.v1.WorkerStateR\x05state\x12 \n" +
 	"\vincarnation\x18\x06 \x01(\x03R\vincarnation\x12?\n" +
 	"\rregistered_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\fregisteredAt\x12D\n" +
-	"\x10lease_expires_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\x0eleaseExpiresAt\"\xe8\x01\n" +
+	"\x10lease_expires_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\x0eleaseExpiresAt\x121\n" +
+	"\x14replaced_incarnation\x18\t \x01(\x03R\x13replacedIncarnation\"\xe8\x01\n" +
 	"\x0eSnapshotReport\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x127\n" +
 	"\aoutcome\x18\x02 \x01(\x0e2\x1d.snapcoord.v1.SnapshotOutcomeR\aoutcome\x12)\n" +

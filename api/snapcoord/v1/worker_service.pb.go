@@ -87,7 +87,14 @@ type RegisterWorkerRequest struct {
 	// Stable per process (e.g. "rank-3", the host and slot of an env server).
 	Name string `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
 	// Trainer rank, 0..trainer_world_size-1, unique per run. 0 for ENVIRONMENT.
-	Rank          int32 `protobuf:"varint,4,opt,name=rank,proto3" json:"rank,omitempty"`
+	Rank int32 `protobuf:"varint,4,opt,name=rank,proto3" json:"rank,omitempty"`
+	// 0 (a process starting): register, taking the name over from any earlier
+	// process. A running worker registering again (its lease lapsed, it was
+	// deregistered) gives the incarnation it holds: if the name has been
+	// registered since, by another process, the call fails with
+	// FAILED_PRECONDITION and ErrorInfo reason WORKER_SUPERSEDED and the
+	// worker must stop.
+	Incarnation   int64 `protobuf:"varint,5,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -146,6 +153,13 @@ func (x *RegisterWorkerRequest) GetName() string {
 func (x *RegisterWorkerRequest) GetRank() int32 {
 	if x != nil {
 		return x.Rank
+	}
+	return 0
+}
+
+func (x *RegisterWorkerRequest) GetIncarnation() int64 {
+	if x != nil {
+		return x.Incarnation
 	}
 	return 0
 }
@@ -248,7 +262,12 @@ type HeartbeatRequest struct {
 	// The run.
 	RunId string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
 	// From RegisterWorker.
-	WorkerId      string `protobuf:"bytes,2,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
+	WorkerId string `protobuf:"bytes,2,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
+	// The incarnation RegisterWorker returned. If another process has
+	// registered under the worker's name since, the call fails with
+	// FAILED_PRECONDITION and ErrorInfo reason WORKER_SUPERSEDED: this process
+	// must stop. 0 skips the check.
+	Incarnation   int64 `protobuf:"varint,3,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -295,6 +314,13 @@ func (x *HeartbeatRequest) GetWorkerId() string {
 		return x.WorkerId
 	}
 	return ""
+}
+
+func (x *HeartbeatRequest) GetIncarnation() int64 {
+	if x != nil {
+		return x.Incarnation
+	}
+	return 0
 }
 
 // HeartbeatResponse tells the worker how things stand.
@@ -358,7 +384,12 @@ type DeregisterWorkerRequest struct {
 	// The run.
 	RunId string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
 	// From RegisterWorker.
-	WorkerId      string `protobuf:"bytes,2,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
+	WorkerId string `protobuf:"bytes,2,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
+	// The incarnation RegisterWorker returned. If another process has
+	// registered under the worker's name since, the call fails with
+	// FAILED_PRECONDITION and ErrorInfo reason WORKER_SUPERSEDED: this process
+	// must stop. 0 skips the check.
+	Incarnation   int64 `protobuf:"varint,3,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -405,6 +436,13 @@ func (x *DeregisterWorkerRequest) GetWorkerId() string {
 		return x.WorkerId
 	}
 	return ""
+}
+
+func (x *DeregisterWorkerRequest) GetIncarnation() int64 {
+	if x != nil {
+		return x.Incarnation
+	}
+	return 0
 }
 
 // DeregisterWorkerResponse is empty.
@@ -964,7 +1002,12 @@ type StreamCommandsRequest struct {
 	// From RegisterWorker.
 	WorkerId string `protobuf:"bytes,2,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
 	// Send commands with seq > after_seq: 0 from the start, else the last seen.
-	AfterSeq      int64 `protobuf:"varint,3,opt,name=after_seq,json=afterSeq,proto3" json:"after_seq,omitempty"`
+	AfterSeq int64 `protobuf:"varint,3,opt,name=after_seq,json=afterSeq,proto3" json:"after_seq,omitempty"`
+	// The incarnation RegisterWorker returned. If another process has
+	// registered under the worker's name since, the call fails with
+	// FAILED_PRECONDITION and ErrorInfo reason WORKER_SUPERSEDED: this process
+	// must stop. 0 skips the check.
+	Incarnation   int64 `protobuf:"varint,4,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1016,6 +1059,13 @@ func (x *StreamCommandsRequest) GetWorkerId() string {
 func (x *StreamCommandsRequest) GetAfterSeq() int64 {
 	if x != nil {
 		return x.AfterSeq
+	}
+	return 0
+}
+
+func (x *StreamCommandsRequest) GetIncarnation() int64 {
+	if x != nil {
+		return x.Incarnation
 	}
 	return 0
 }
@@ -1077,7 +1127,12 @@ type PollCommandsRequest struct {
 	AfterSeq int64 `protobuf:"varint,3,opt,name=after_seq,json=afterSeq,proto3" json:"after_seq,omitempty"`
 	// Wait up to this long for a command when none is pending; 0 returns at
 	// once. The server caps it (60 s by default). 0..3600.
-	WaitSeconds   int32 `protobuf:"varint,4,opt,name=wait_seconds,json=waitSeconds,proto3" json:"wait_seconds,omitempty"`
+	WaitSeconds int32 `protobuf:"varint,4,opt,name=wait_seconds,json=waitSeconds,proto3" json:"wait_seconds,omitempty"`
+	// The incarnation RegisterWorker returned. If another process has
+	// registered under the worker's name since, the call fails with
+	// FAILED_PRECONDITION and ErrorInfo reason WORKER_SUPERSEDED: this process
+	// must stop. 0 skips the check.
+	Incarnation   int64 `protobuf:"varint,5,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1136,6 +1191,13 @@ func (x *PollCommandsRequest) GetAfterSeq() int64 {
 func (x *PollCommandsRequest) GetWaitSeconds() int32 {
 	if x != nil {
 		return x.WaitSeconds
+	}
+	return 0
+}
+
+func (x *PollCommandsRequest) GetIncarnation() int64 {
+	if x != nil {
+		return x.Incarnation
 	}
 	return 0
 }
@@ -1199,29 +1261,32 @@ var File_snapcoord_v1_worker_service_proto protoreflect.FileDescriptor
 
 const file_snapcoord_v1_worker_service_proto_rawDesc = "" +
 	"\n" +
-	"!snapcoord/v1/worker_service.proto\x12\fsnapcoord.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18snapcoord/v1/event.proto\x1a\x16snapcoord/v1/run.proto\x1a\x19snapcoord/v1/worker.proto\"\xf0\x01\n" +
+	"!snapcoord/v1/worker_service.proto\x12\fsnapcoord.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18snapcoord/v1/event.proto\x1a\x16snapcoord/v1/run.proto\x1a\x19snapcoord/v1/worker.proto\"\x9b\x02\n" +
 	"\x15RegisterWorkerRequest\x12:\n" +
 	"\x06run_id\x18\x01 \x01(\tB#\xbaH r\x1e2\x1c^[a-z0-9][a-z0-9._-]{0,127}$R\x05runId\x128\n" +
 	"\x04role\x18\x02 \x01(\x0e2\x18.snapcoord.v1.WorkerRoleB\n" +
 	"\xbaH\a\x82\x01\x04\x10\x01 \x00R\x04role\x12@\n" +
 	"\x04name\x18\x03 \x01(\tB,\xbaH)r'2%^[A-Za-z0-9][A-Za-z0-9._:/@-]{0,127}$R\x04name\x12\x1f\n" +
-	"\x04rank\x18\x04 \x01(\x05B\v\xbaH\b\x1a\x06\x18\xff\xff\x03(\x00R\x04rank\"\xb8\x02\n" +
+	"\x04rank\x18\x04 \x01(\x05B\v\xbaH\b\x1a\x06\x18\xff\xff\x03(\x00R\x04rank\x12)\n" +
+	"\vincarnation\x18\x05 \x01(\x03B\a\xbaH\x04\"\x02(\x00R\vincarnation\"\xb8\x02\n" +
 	"\x16RegisterWorkerResponse\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12 \n" +
 	"\vincarnation\x18\x02 \x01(\x03R\vincarnation\x12H\n" +
 	"\x12heartbeat_interval\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x11heartbeatInterval\x126\n" +
 	"\tlease_ttl\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\bleaseTtl\x123\n" +
 	"\trun_state\x18\x05 \x01(\x0e2\x16.snapcoord.v1.RunStateR\brunState\x12(\n" +
-	"\x10last_command_seq\x18\x06 \x01(\x03R\x0elastCommandSeq\"v\n" +
+	"\x10last_command_seq\x18\x06 \x01(\x03R\x0elastCommandSeq\"\xa1\x01\n" +
 	"\x10HeartbeatRequest\x12:\n" +
 	"\x06run_id\x18\x01 \x01(\tB#\xbaH r\x1e2\x1c^[a-z0-9][a-z0-9._-]{0,127}$R\x05runId\x12&\n" +
-	"\tworker_id\x18\x02 \x01(\tB\t\xbaH\x06r\x04\x10\x01\x18@R\bworkerId\"\x8e\x01\n" +
+	"\tworker_id\x18\x02 \x01(\tB\t\xbaH\x06r\x04\x10\x01\x18@R\bworkerId\x12)\n" +
+	"\vincarnation\x18\x03 \x01(\x03B\a\xbaH\x04\"\x02(\x00R\vincarnation\"\x8e\x01\n" +
 	"\x11HeartbeatResponse\x123\n" +
 	"\trun_state\x18\x01 \x01(\x0e2\x16.snapcoord.v1.RunStateR\brunState\x12D\n" +
-	"\x10lease_expires_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x0eleaseExpiresAt\"}\n" +
+	"\x10lease_expires_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x0eleaseExpiresAt\"\xa8\x01\n" +
 	"\x17DeregisterWorkerRequest\x12:\n" +
 	"\x06run_id\x18\x01 \x01(\tB#\xbaH r\x1e2\x1c^[a-z0-9][a-z0-9._-]{0,127}$R\x05runId\x12&\n" +
-	"\tworker_id\x18\x02 \x01(\tB\t\xbaH\x06r\x04\x10\x01\x18@R\bworkerId\"\x1a\n" +
+	"\tworker_id\x18\x02 \x01(\tB\t\xbaH\x06r\x04\x10\x01\x18@R\bworkerId\x12)\n" +
+	"\vincarnation\x18\x03 \x01(\x03B\a\xbaH\x04\"\x02(\x00R\vincarnation\"\x1a\n" +
 	"\x18DeregisterWorkerResponse\"\xe5\x01\n" +
 	"\x13CompleteStepRequest\x12:\n" +
 	"\x06run_id\x18\x01 \x01(\tB#\xbaH r\x1e2\x1c^[a-z0-9][a-z0-9._-]{0,127}$R\x05runId\x12&\n" +
@@ -1257,19 +1322,21 @@ const file_snapcoord_v1_worker_service_proto_rawDesc = "" +
 	"\x06run_id\x18\x01 \x01(\tB#\xbaH r\x1e2\x1c^[a-z0-9][a-z0-9._-]{0,127}$R\x05runId\x12&\n" +
 	"\tworker_id\x18\x02 \x01(\tB\t\xbaH\x06r\x04\x10\x01\x18@R\bworkerId\"H\n" +
 	"\x11FinishRunResponse\x123\n" +
-	"\trun_state\x18\x01 \x01(\x0e2\x16.snapcoord.v1.RunStateR\brunState\"\xa1\x01\n" +
+	"\trun_state\x18\x01 \x01(\x0e2\x16.snapcoord.v1.RunStateR\brunState\"\xcc\x01\n" +
 	"\x15StreamCommandsRequest\x12:\n" +
 	"\x06run_id\x18\x01 \x01(\tB#\xbaH r\x1e2\x1c^[a-z0-9][a-z0-9._-]{0,127}$R\x05runId\x12&\n" +
 	"\tworker_id\x18\x02 \x01(\tB\t\xbaH\x06r\x04\x10\x01\x18@R\bworkerId\x12$\n" +
-	"\tafter_seq\x18\x03 \x01(\x03B\a\xbaH\x04\"\x02(\x00R\bafterSeq\"I\n" +
+	"\tafter_seq\x18\x03 \x01(\x03B\a\xbaH\x04\"\x02(\x00R\bafterSeq\x12)\n" +
+	"\vincarnation\x18\x04 \x01(\x03B\a\xbaH\x04\"\x02(\x00R\vincarnation\"I\n" +
 	"\x16StreamCommandsResponse\x12/\n" +
-	"\acommand\x18\x01 \x01(\v2\x15.snapcoord.v1.CommandR\acommand\"\xce\x01\n" +
+	"\acommand\x18\x01 \x01(\v2\x15.snapcoord.v1.CommandR\acommand\"\xf9\x01\n" +
 	"\x13PollCommandsRequest\x12:\n" +
 	"\x06run_id\x18\x01 \x01(\tB#\xbaH r\x1e2\x1c^[a-z0-9][a-z0-9._-]{0,127}$R\x05runId\x12&\n" +
 	"\tworker_id\x18\x02 \x01(\tB\t\xbaH\x06r\x04\x10\x01\x18@R\bworkerId\x12$\n" +
 	"\tafter_seq\x18\x03 \x01(\x03B\a\xbaH\x04\"\x02(\x00R\bafterSeq\x12-\n" +
 	"\fwait_seconds\x18\x04 \x01(\x05B\n" +
-	"\xbaH\a\x1a\x05\x18\x90\x1c(\x00R\vwaitSeconds\"~\n" +
+	"\xbaH\a\x1a\x05\x18\x90\x1c(\x00R\vwaitSeconds\x12)\n" +
+	"\vincarnation\x18\x05 \x01(\x03B\a\xbaH\x04\"\x02(\x00R\vincarnation\"~\n" +
 	"\x14PollCommandsResponse\x121\n" +
 	"\bcommands\x18\x01 \x03(\v2\x15.snapcoord.v1.CommandR\bcommands\x123\n" +
 	"\trun_state\x18\x02 \x01(\x0e2\x16.snapcoord.v1.RunStateR\brunState*o\n" +

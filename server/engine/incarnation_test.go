@@ -1,0 +1,89 @@
+package engine
+
+import (
+	"errors"
+	"testing"
+
+	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+)
+
+// wantSuperseded: the call was refused because its incarnation is no longer
+// current, with the reason a client acts on.
+func wantSuperseded(t *testing.T, what string, err error) {
+	t.Helper()
+	wantErr(t, err, ErrFailedPrecondition, "incarnation")
+	if ee, ok := errors.AsType[*Error](err); !ok || ee.Reason != ReasonWorkerSuperseded {
+		t.Fatalf("%s: %v has no reason %s", what, err, ReasonWorkerSuperseded)
+	}
+}
+
+// Once another process registers under a worker's name, calls that name the
+// old incarnation are refused: an old process still running (a node thought
+// dead) gets no commands, cannot deregister the new one, and cannot take the
+// name back by registering again. Calls that name no incarnation (grpcurl)
+// are not checked; a process starting (incarnation 0) takes the name over.
+func TestStaleIncarnationIsFenced(t *testing.T) {
+	h := newHarness(t)
+	h.create("r", turnSpec(1, ""))
+	env := v1.WorkerRole_WORKER_ROLE_ENVIRONMENT
+	register := func(inc int64) (*v1.RegisterWorkerResponse, error) {
+		return h.e.RegisterWorker(h.ctx, &v1.RegisterWorkerRequest{RunId: "r", Role: env, Name: "env-a", Incarnation: inc})
+	}
+	old, err := register(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cur, err := register(0) // a new process under the same name
+	if err != nil || cur.Incarnation != old.Incarnation+1 || cur.WorkerId != old.WorkerId {
+		t.Fatalf("second process: %v, %v; want incarnation %d of %s", cur, err, old.Incarnation+1, old.WorkerId)
+	}
+	id := cur.WorkerId
+
+	_, err = h.e.Heartbeat(h.ctx, &v1.HeartbeatRequest{RunId: "r", WorkerId: id, Incarnation: old.Incarnation})
+	wantSuperseded(t, "Heartbeat", err)
+	_, err = h.e.PollCommands(h.ctx, &v1.PollCommandsRequest{RunId: "r", WorkerId: id, Incarnation: old.Incarnation})
+	wantSuperseded(t, "PollCommands", err)
+	err = h.e.StreamCommands(h.ctx, &v1.StreamCommandsRequest{RunId: "r", WorkerId: id, Incarnation: old.Incarnation},
+		func(*v1.Command) error { return nil })
+	wantSuperseded(t, "StreamCommands", err)
+	_, err = h.e.DeregisterWorker(h.ctx, &v1.DeregisterWorkerRequest{RunId: "r", WorkerId: id, Incarnation: old.Incarnation})
+	wantSuperseded(t, "DeregisterWorker", err)
+	_, err = register(old.Incarnation)
+	wantSuperseded(t, "RegisterWorker", err)
+
+	for _, inc := range []int64{cur.Incarnation, 0} {
+		if _, err := h.e.Heartbeat(h.ctx, &v1.HeartbeatRequest{RunId: "r", WorkerId: id, Incarnation: inc}); err != nil {
+			t.Fatalf("heartbeat of incarnation %d: %v", inc, err)
+		}
+	}
+	workers, err := h.e.ListWorkers(h.ctx, &v1.ListWorkersRequest{RunId: "r"})
+	if err != nil || len(workers.Workers) != 1 || workers.Workers[0].Incarnation != cur.Incarnation ||
+		workers.Workers[0].State != v1.WorkerState_WORKER_STATE_LIVE {
+		t.Fatalf("after the old process's calls: %v, %v; want incarnation %d LIVE", workers, err, cur.Incarnation)
+	}
+
+	// The current process registering again (its lease lapsed) names the
+	// incarnation it holds, and may.
+	next, err := register(cur.Incarnation)
+	if err != nil || next.Incarnation != cur.Incarnation+1 {
+		t.Fatalf("re-register of the current incarnation: %v, %v", next, err)
+	}
+	// Its answer was lost and it asks again: the same registration, not
+	// "superseded" (it would stop) nor a third incarnation.
+	if again, err := register(cur.Incarnation); err != nil || again.Incarnation != next.Incarnation {
+		t.Fatalf("repeated re-register: %v, %v; want incarnation %d again", again, err, next.Incarnation)
+	}
+	_, err = register(old.Incarnation)
+	wantSuperseded(t, "RegisterWorker of an older incarnation", err)
+	if _, err := h.e.DeregisterWorker(h.ctx, &v1.DeregisterWorkerRequest{RunId: "r", WorkerId: id, Incarnation: next.Incarnation}); err != nil {
+		t.Fatal(err)
+	}
+	// A name the coordinator does not know (its state was reset) registers
+	// whatever incarnation the process held.
+	if _, err := h.e.RegisterWorker(h.ctx, &v1.RegisterWorkerRequest{RunId: "r", Role: env, Name: "env-b", Incarnation: 7}); err != nil {
+		t.Fatalf("re-register of an unknown name: %v", err)
+	}
+	h.restart() // incarnations are durable
+	_, err = h.e.Heartbeat(h.ctx, &v1.HeartbeatRequest{RunId: "r", WorkerId: id, Incarnation: cur.Incarnation})
+	wantSuperseded(t, "Heartbeat after a restart", err)
+}

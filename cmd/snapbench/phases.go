@@ -97,7 +97,7 @@ func (b *bench) heapHook(c *coord, name string) func() {
 	}
 	return func() {
 		for _, f := range []struct{ url, file string }{
-			{"/debug/pprof/heap", name + ".heap.pprof"},
+			{"/debug/pprof/heap?gc=1", name + ".heap.pprof"}, // live objects only
 			{"/debug/pprof/goroutine", name + ".goroutine.pprof"},
 			{"/metrics", name + ".metrics.txt"},
 		} {

@@ -31,6 +31,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 	"github.com/snapcoord/snapcoord/server/engine"
@@ -499,6 +500,58 @@ func TestRoutineCallsSkipLoggingUnlessTheyFail(t *testing.T) {
 		}
 		if want := polled.Format(time.RFC3339); l["grpc.start_time"] != want || !polled.After(start) {
 			t.Errorf("grpc.start_time = %v, want the call's start %s", l["grpc.start_time"], want)
+		}
+	})
+}
+
+// fakeServerStream is a server stream whose one request is req.
+type fakeServerStream struct {
+	grpc.ServerStream // nil: calls other than these would panic
+	ctx               context.Context
+	req               *v1.StreamCommandsRequest
+}
+
+func (s *fakeServerStream) Context() context.Context { return s.ctx }
+
+func (s *fakeServerStream) RecvMsg(m any) error {
+	proto.Merge(m.(proto.Message), s.req)
+	return nil
+}
+
+// A stream's line is written when it ends, with its own start time and
+// duration and the ids of its first request. The stream runs in a synctest
+// bubble, so its 2.5 s take no time.
+func TestStreamLoggedWhenItEnds(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var buf bytes.Buffer
+		intercept := RPCLoggingStream(slog.New(slog.NewJSONHandler(&buf, nil)))
+		info := &grpc.StreamServerInfo{FullMethod: "/snapcoord.v1.WorkerService/StreamCommands", IsServerStream: true}
+		ss := &fakeServerStream{ctx: t.Context(), req: &v1.StreamCommandsRequest{RunId: "run-1", WorkerId: "w-1"}}
+		start := time.Now()
+		ended := status.Error(codes.FailedPrecondition, "superseded")
+		err := intercept(nil, ss, info, func(_ any, s grpc.ServerStream) error {
+			if err := s.RecvMsg(&v1.StreamCommandsRequest{}); err != nil {
+				return err
+			}
+			time.Sleep(2500 * time.Millisecond)
+			if buf.Len() != 0 {
+				t.Errorf("logged before the stream ended:\n%s", &buf)
+			}
+			return ended
+		})
+		if err != ended {
+			t.Fatalf("interceptor returned %v, want the handler's %v", err, ended)
+		}
+		lines := parseLines(t, buf.String())
+		if len(lines) != 1 {
+			t.Fatalf("%d lines, want 1:\n%s", len(lines), &buf)
+		}
+		l := lines[0]
+		if l["grpc.method"] != "StreamCommands" || l["grpc.code"] != "FailedPrecondition" || l[FieldRunID] != "run-1" || l[FieldWorkerID] != "w-1" {
+			t.Errorf("line = %v; want StreamCommands, FailedPrecondition, run-1, w-1", l)
+		}
+		if l["grpc.time_ms"] != "2500" || l["grpc.start_time"] != start.Format(time.RFC3339) {
+			t.Errorf("grpc.time_ms %v, grpc.start_time %v; want the stream's 2500 and %s", l["grpc.time_ms"], l["grpc.start_time"], start.Format(time.RFC3339))
 		}
 	})
 }

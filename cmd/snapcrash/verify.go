@@ -66,12 +66,12 @@ func verify(ctx context.Context, admin *client.Client, r *runWriters) verdict {
 		return v
 	}
 
-	workers, err := admin.Runs.ListWorkers(ctx, &v1.ListWorkersRequest{RunId: r.id})
+	workers, err := admin.RunWorkers(ctx, r.id)
 	if err != nil {
 		v.cannotRead("run %s: ListWorkers: %v", r.id, err)
 	} else {
 		known := map[string]int64{}
-		for _, w := range workers.Workers {
+		for _, w := range workers {
 			known[w.WorkerId] = w.Incarnation
 		}
 		for id, inc := range a.workers {

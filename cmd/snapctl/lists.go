@@ -17,15 +17,15 @@ func setupWorkers(_ *flag.FlagSet, c *cli) func(context.Context, []string) error
 			return err
 		}
 		return c.withClient(ctx, func(ctx context.Context, cl *client.Client) error {
-			resp, err := cl.Runs.ListWorkers(ctx, &v1.ListWorkersRequest{RunId: args[0]})
+			workers, err := cl.RunWorkers(ctx, args[0])
 			if err != nil {
-				return fmt.Errorf("list the workers of run %s: %w", args[0], err)
+				return err
 			}
 			if c.output == "json" {
-				return c.printJSON(resp, "  ")
+				return c.printJSON(&v1.ListWorkersResponse{Workers: workers}, "  ")
 			}
-			rows := make([][]string, 0, len(resp.GetWorkers()))
-			for _, w := range resp.GetWorkers() {
+			rows := make([][]string, 0, len(workers))
+			for _, w := range workers {
 				rank := "-"
 				if w.GetRole() == v1.WorkerRole_WORKER_ROLE_TRAINER {
 					rank = strconv.Itoa(int(w.GetRank()))

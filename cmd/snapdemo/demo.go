@@ -123,12 +123,12 @@ func (d *demo) play(ctx context.Context) error {
 // start after them, so that every snapshot expects all three.
 func (d *demo) awaitWorkers(ctx context.Context, n int) error {
 	for {
-		resp, err := d.admin.Runs.ListWorkers(ctx, &v1.ListWorkersRequest{RunId: runID})
+		workers, err := d.admin.RunWorkers(ctx, runID)
 		if err != nil {
-			return fmt.Errorf("list workers: %w", err)
+			return err
 		}
 		live := 0
-		for _, w := range resp.GetWorkers() {
+		for _, w := range workers {
 			if w.GetState() == v1.WorkerState_WORKER_STATE_LIVE {
 				live++
 			}

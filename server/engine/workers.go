@@ -1,9 +1,12 @@
 package engine
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
+	"encoding/base64"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -278,22 +281,74 @@ func (e *Engine) deregisterWorker(ctx context.Context, req *v1.DeregisterWorkerR
 }
 
 func (e *Engine) listWorkers(ctx context.Context, req *v1.ListWorkersRequest) (*v1.ListWorkersResponse, error) {
+	after, err := decodeWorkerToken(req.PageToken)
+	if err != nil {
+		return nil, err
+	}
+	size := int(req.PageSize)
+	if size == 0 {
+		size = maxWorkerPage
+	}
 	resp := &v1.ListWorkersResponse{}
-	err := e.view(ctx, req.RunId, func(r *runState) error {
+	err = e.view(ctx, req.RunId, func(r *runState) error {
+		all := make([]*v1.Worker, 0, len(r.workers))
 		for _, w := range r.workers {
-			resp.Workers = append(resp.Workers, proto.Clone(w.w).(*v1.Worker))
+			all = append(all, w.w)
+		}
+		slices.SortFunc(all, func(a, b *v1.Worker) int { return compareWorkers(listKey(a), listKey(b)) })
+		i := 0
+		if after != nil {
+			i, _ = slices.BinarySearchFunc(all, *after, func(w *v1.Worker, k workerKey) int { return compareWorkers(listKey(w), k) })
+			if i < len(all) && listKey(all[i]) == *after {
+				i++
+			}
+		}
+		for _, w := range all[i:min(i+size, len(all))] {
+			resp.Workers = append(resp.Workers, proto.CloneOf(w))
+		}
+		if i+size < len(all) {
+			resp.NextPageToken = encodeWorkerToken(listKey(all[i+size-1]))
 		}
 		return nil
 	})
-	sort.Slice(resp.Workers, func(i, j int) bool {
-		a, b := resp.Workers[i], resp.Workers[j]
-		if a.Role != b.Role {
-			return a.Role < b.Role
-		}
-		if a.Rank != b.Rank {
-			return a.Rank < b.Rank
-		}
-		return strings.Compare(a.Name, b.Name) < 0
-	})
 	return resp, err
+}
+
+// maxWorkerPage bounds a ListWorkers page; at most about 400 bytes a worker
+// (a 128-character name), a page stays under 1 MiB.
+const maxWorkerPage = 1000
+
+// workerKey is ListWorkers' order: trainers by rank, then environment
+// workers by name.
+type workerKey struct {
+	role v1.WorkerRole
+	rank int32
+	name string
+}
+
+func listKey(w *v1.Worker) workerKey { return workerKey{w.Role, w.Rank, w.Name} }
+
+func compareWorkers(a, b workerKey) int {
+	return cmp.Or(cmp.Compare(a.role, b.role), cmp.Compare(a.rank, b.rank), strings.Compare(a.name, b.name))
+}
+
+// A worker page token is the last listed worker's key: role, rank and
+// name, which has no spaces.
+func encodeWorkerToken(k workerKey) string {
+	return encodePageToken(fmt.Sprintf("%d %d %s", k.role, k.rank, k.name))
+}
+
+func decodeWorkerToken(tok string) (*workerKey, error) {
+	if tok == "" {
+		return nil, nil
+	}
+	var k workerKey
+	b, err := base64.RawURLEncoding.DecodeString(tok)
+	if err == nil {
+		_, err = fmt.Sscanf(string(b), "%d %d %s", &k.role, &k.rank, &k.name)
+	}
+	if err != nil || encodeWorkerToken(k) != tok {
+		return nil, errorf(ErrInvalidArgument, "page_token: not a token returned by ListWorkers")
+	}
+	return &k, nil
 }

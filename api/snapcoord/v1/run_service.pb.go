@@ -767,11 +767,16 @@ func (x *WatchRunResponse) GetEvent() *RunEvent {
 	return nil
 }
 
-// ListWorkersRequest names a run.
+// ListWorkersRequest asks for one page of a run's workers.
 type ListWorkersRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The run.
-	RunId         string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	RunId string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// At most this many workers; 0 means 1000. At most 1000, which keeps a
+	// page under 1 MiB.
+	PageSize int32 `protobuf:"varint,2,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// next_page_token from the previous page; empty for the first.
+	PageToken     string `protobuf:"bytes,3,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -813,11 +818,27 @@ func (x *ListWorkersRequest) GetRunId() string {
 	return ""
 }
 
-// ListWorkersResponse lists the run's workers.
+func (x *ListWorkersRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListWorkersRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+// ListWorkersResponse is one page of the run's workers.
 type ListWorkersResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Trainers by rank, then environment workers by name.
-	Workers       []*Worker `protobuf:"bytes,1,rep,name=workers,proto3" json:"workers,omitempty"`
+	Workers []*Worker `protobuf:"bytes,1,rep,name=workers,proto3" json:"workers,omitempty"`
+	// Pass as page_token for the next page; empty on the last page.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -857,6 +878,13 @@ func (x *ListWorkersResponse) GetWorkers() []*Worker {
 		return x.Workers
 	}
 	return nil
+}
+
+func (x *ListWorkersResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
 }
 
 // ListSnapshotsRequest asks for one page of a run's snapshots.
@@ -1027,11 +1055,16 @@ const file_snapcoord_v1_run_service_proto_rawDesc = "" +
 	"\tafter_seq\x18\x02 \x01(\x03B\a\xbaH\x04\"\x02(\x00R\bafterSeq\x12\x1b\n" +
 	"\tno_follow\x18\x03 \x01(\bR\bnoFollow\"@\n" +
 	"\x10WatchRunResponse\x12,\n" +
-	"\x05event\x18\x01 \x01(\v2\x16.snapcoord.v1.RunEventR\x05event\"P\n" +
+	"\x05event\x18\x01 \x01(\v2\x16.snapcoord.v1.RunEventR\x05event\"\xa2\x01\n" +
 	"\x12ListWorkersRequest\x12:\n" +
-	"\x06run_id\x18\x01 \x01(\tB#\xbaH r\x1e2\x1c^[a-z0-9][a-z0-9._-]{0,127}$R\x05runId\"E\n" +
+	"\x06run_id\x18\x01 \x01(\tB#\xbaH r\x1e2\x1c^[a-z0-9][a-z0-9._-]{0,127}$R\x05runId\x12'\n" +
+	"\tpage_size\x18\x02 \x01(\x05B\n" +
+	"\xbaH\a\x1a\x05\x18\xe8\a(\x00R\bpageSize\x12'\n" +
+	"\n" +
+	"page_token\x18\x03 \x01(\tB\b\xbaH\x05r\x03\x18\x80\x02R\tpageToken\"m\n" +
 	"\x13ListWorkersResponse\x12.\n" +
-	"\aworkers\x18\x01 \x03(\v2\x14.snapcoord.v1.WorkerR\aworkers\"\xa4\x01\n" +
+	"\aworkers\x18\x01 \x03(\v2\x14.snapcoord.v1.WorkerR\aworkers\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xa4\x01\n" +
 	"\x14ListSnapshotsRequest\x12:\n" +
 	"\x06run_id\x18\x01 \x01(\tB#\xbaH r\x1e2\x1c^[a-z0-9][a-z0-9._-]{0,127}$R\x05runId\x12'\n" +
 	"\tpage_size\x18\x02 \x01(\x05B\n" +

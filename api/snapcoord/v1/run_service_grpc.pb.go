@@ -57,7 +57,8 @@ type RunServiceClient interface {
 	// Ends when the run is terminal and every event was sent, or, with
 	// no_follow, as soon as the backlog was sent.
 	WatchRun(ctx context.Context, in *WatchRunRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchRunResponse], error)
-	// Lists the run's workers.
+	// Lists the run's workers, trainers by rank then environment workers by
+	// name, a page at a time.
 	ListWorkers(ctx context.Context, in *ListWorkersRequest, opts ...grpc.CallOption) (*ListWorkersResponse, error)
 	// Lists the run's environment snapshots, oldest first, a page at a time.
 	ListSnapshots(ctx context.Context, in *ListSnapshotsRequest, opts ...grpc.CallOption) (*ListSnapshotsResponse, error)
@@ -197,7 +198,8 @@ type RunServiceServer interface {
 	// Ends when the run is terminal and every event was sent, or, with
 	// no_follow, as soon as the backlog was sent.
 	WatchRun(*WatchRunRequest, grpc.ServerStreamingServer[WatchRunResponse]) error
-	// Lists the run's workers.
+	// Lists the run's workers, trainers by rank then environment workers by
+	// name, a page at a time.
 	ListWorkers(context.Context, *ListWorkersRequest) (*ListWorkersResponse, error)
 	// Lists the run's environment snapshots, oldest first, a page at a time.
 	ListSnapshots(context.Context, *ListSnapshotsRequest) (*ListSnapshotsResponse, error)

@@ -99,7 +99,8 @@ func (m *mut) published(st *storagev1.StepRecord) {
 	r := m.r
 	st.Published = true
 	m.putStep(st)
-	if st.Step > r.rec.Run.LastPublishedStep {
+	newer := r.rec.Run.LastPublishedStep
+	if st.Step > newer {
 		r.rec.Run.LastPublishedStep = st.Step
 	}
 	m.event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_CHECKPOINT_PUBLISHED, Step: st.Step,
@@ -108,9 +109,19 @@ func (m *mut) published(st *storagev1.StepRecord) {
 		m.startDeadlineSave(st.Step)
 		return
 	}
-	if !r.fired() && snapshotAfterCheckpoint(r.rec.Run.Spec) {
-		m.trySnapshot(v1.SnapshotReason_SNAPSHOT_REASON_TRAINER_CHECKPOINT, st.Step)
+	if r.fired() || !snapshotAfterCheckpoint(r.rec.Run.Spec) {
+		return
 	}
+	if st.Step < newer {
+		// Finalized out of order: the environments have moved on past
+		// this checkpoint, and the newer one already had its snapshot. A
+		// snapshot anchored here would pair today's environment state with
+		// an older model.
+		m.event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_SNAPSHOT_TICK_SKIPPED, Step: st.Step,
+			Message: fmt.Sprintf("trainer-checkpoint snapshot skipped: the checkpoint of step %d was published after the newer one of step %d", st.Step, newer)})
+		return
+	}
+	m.trySnapshot(v1.SnapshotReason_SNAPSHOT_REASON_TRAINER_CHECKPOINT, st.Step)
 }
 
 func (m *mut) isFiredStep(step int64) bool {

@@ -571,3 +571,35 @@ func TestRegularSnapshotFailureDuringDeadlineSequence(t *testing.T) {
 	h.wantState("r", v1.RunState_RUN_STATE_STOPPED)
 	h.wantStopLast("r", all...)
 }
+
+// Checkpoints may complete out of order (asynchronous saves overlap). The
+// newer one's publication issues the trainer-checkpoint snapshot; the older
+// one's, coming after, issues none (the environments have moved past it)
+// and says so in an event.
+func TestOlderCheckpointPublishedLateTakesNoSnapshot(t *testing.T) {
+	h := newHarness(t)
+	h.create("r", turnSpec(2, "01:00:00:00"))
+	ranks := h.trainers("r", 2)
+	envs := h.envs("r", 1)
+	h.stepAll("r", ranks, 1, 10)
+	h.checkpoint("r", ranks[:1], 1, v1.CheckpointPhase_CHECKPOINT_PHASE_SAVED, 5)
+	h.stepAll("r", ranks, 2, 10)
+	h.checkpoint("r", ranks, 2, v1.CheckpointPhase_CHECKPOINT_PHASE_SAVED, 5)
+	s := h.lastSnapshot("r")
+	if s.Reason != v1.SnapshotReason_SNAPSHOT_REASON_TRAINER_CHECKPOINT || s.AnchorStep != 2 {
+		t.Fatalf("after step 2 saved: %v, want a trainer-checkpoint snapshot anchored at 2", s)
+	}
+	h.reportAll("r", envs, s.SnapshotId, v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SAVED)
+
+	h.checkpoint("r", ranks[1:], 1, v1.CheckpointPhase_CHECKPOINT_PHASE_SAVED, 5) // step 1 completes last
+	if snaps := h.snapshots("r"); len(snaps) != 1 {
+		t.Fatalf("step 1 published after step 2 issued another snapshot: %v", snaps[1:])
+	}
+	if run := h.get("r"); run.LastPublishedStep != 2 {
+		t.Fatalf("last_published_step %d, want 2", run.LastPublishedStep)
+	}
+	skips := h.eventsOf("r", v1.RunEventType_RUN_EVENT_TYPE_SNAPSHOT_TICK_SKIPPED)
+	if len(skips) != 1 || skips[0].Step != 1 || !strings.Contains(skips[0].Message, "after the newer one of step 2") {
+		t.Fatalf("skip events %v, want one for step 1 naming step 2", skips)
+	}
+}

@@ -17,7 +17,9 @@ import (
 // nemoRLConfig is the part of a NeMo RL training config that becomes a run
 // spec. Everything else in the file (policy, cluster, data, other
 // checkpointing keys) is ignored. Pointers tell "absent or null" from a
-// value.
+// value. checkpointing.deferred_finalize is snapcoord's own key: NeMo RL's
+// CheckpointingConfig has none (it always finalizes in the background) but
+// accepts extra keys.
 type nemoRLConfig struct {
 	Checkpointing struct {
 		CheckpointMustSaveBy *string `yaml:"checkpoint_must_save_by"`

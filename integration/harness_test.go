@@ -1,9 +1,7 @@
 package integration
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -24,6 +22,7 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+	"github.com/snapcoord/snapcoord/internal/logsink"
 	"github.com/snapcoord/snapcoord/server/engine"
 	"github.com/snapcoord/snapcoord/server/grpcserver"
 	"github.com/snapcoord/snapcoord/store"
@@ -54,14 +53,14 @@ type inproc struct {
 	eng    *engine.Engine
 	srv    *grpcserver.Server
 	served chan error
-	logs   *syncBuffer
+	logs   *logsink.Buffer
 }
 
 // startInproc serves a fresh data directory. opts.Clock may be a fake clock:
 // it is kept across restarts.
 func startInproc(t *testing.T, opts engine.Options) *inproc {
 	t.Helper()
-	c := &inproc{t: t, dir: t.TempDir(), opts: opts, addr: "127.0.0.1:0", logs: &syncBuffer{}}
+	c := &inproc{t: t, dir: t.TempDir(), opts: opts, addr: "127.0.0.1:0", logs: &logsink.Buffer{}}
 	c.start()
 	t.Cleanup(c.stop)
 	return c
@@ -125,7 +124,7 @@ type proc struct {
 	addr string // 127.0.0.1:0 until the first start
 
 	cmd    *exec.Cmd
-	logs   *logWatcher
+	logs   *logsink.Watcher
 	exited chan struct{}
 }
 
@@ -147,7 +146,7 @@ func startProc(t *testing.T) *proc {
 func (p *proc) start() {
 	t := p.t
 	t.Helper()
-	p.logs, p.exited = newLogWatcher(), make(chan struct{})
+	p.logs, p.exited = logsink.NewWatcher(), make(chan struct{})
 	p.cmd = exec.Command(binPath, "serve", "--listen", p.addr, "--data-dir", p.dir, "--metrics-listen", "", "--log-format", "json",
 		"--heartbeat-interval", "5s", "--lease-ttl", "5m")
 	p.cmd.Env = envWithoutSnapcoord()
@@ -161,7 +160,7 @@ func (p *proc) start() {
 		close(exited)
 	}()
 	select {
-	case p.addr = <-p.logs.serving:
+	case p.addr = <-p.logs.Serving():
 	case <-exited:
 		t.Fatalf("snapcoord exited before serving: %v\n%s", cmd.ProcessState, p.logs)
 	case <-time.After(30 * time.Second):
@@ -223,43 +222,6 @@ func (p *proc) restart() {
 	p.start()
 }
 
-// logWatcher collects the JSON log and reports the "serving" line's address.
-type logWatcher struct {
-	mu      sync.Mutex
-	buf     bytes.Buffer
-	partial []byte
-	serving chan string
-	sent    bool
-}
-
-func newLogWatcher() *logWatcher { return &logWatcher{serving: make(chan string, 1)} }
-
-func (w *logWatcher) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.buf.Write(p)
-	w.partial = append(w.partial, p...)
-	for {
-		line, rest, ok := bytes.Cut(w.partial, []byte("\n"))
-		if !ok {
-			break
-		}
-		w.partial = rest
-		var rec struct{ Msg, Addr string }
-		if json.Unmarshal(line, &rec) == nil && rec.Msg == "serving" && !w.sent {
-			w.sent = true
-			w.serving <- rec.Addr
-		}
-	}
-	return len(p), nil
-}
-
-func (w *logWatcher) String() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.buf.String()
-}
-
 // envWithoutSnapcoord keeps the developer's SNAPCOORD_* settings out of the
 // processes under test.
 func envWithoutSnapcoord() []string {
@@ -270,23 +232,6 @@ func envWithoutSnapcoord() []string {
 		}
 	}
 	return env
-}
-
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // ---------------------------------------------------------------------------

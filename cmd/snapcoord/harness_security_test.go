@@ -27,6 +27,7 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+	"github.com/snapcoord/snapcoord/internal/logsink"
 )
 
 // coordinator is `snapcoord serve` run in-process on loopback ports, with
@@ -34,7 +35,7 @@ import (
 type coordinator struct {
 	addr        string
 	metricsAddr string
-	logs        *logWatcher
+	logs        *logsink.Watcher
 	stop        func() // cancels serve and checks it exited 0; safe to call again
 }
 
@@ -43,14 +44,14 @@ type coordinator struct {
 func startCoordinator(t *testing.T, env map[string]string, args ...string) *coordinator {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	logs := newLogWatcher()
+	logs := logsink.NewWatcher()
 	base := []string{"--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--data-dir", t.TempDir(),
 		"--log-format", "json", "--log-level", "debug"}
 	done := make(chan int, 1)
 	go func() { done <- runServe(ctx, append(base, args...), envMap(env), logs, logs) }()
 	c := &coordinator{logs: logs}
 	select {
-	case c.addr = <-logs.serving:
+	case c.addr = <-logs.Serving():
 	case code := <-done:
 		cancel()
 		t.Fatalf("serve exited %d before serving:\n%s", code, logs)

@@ -2,21 +2,20 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/snapcoord/snapcoord/internal/logsink"
 )
 
 // binPath is the snapcoord binary TestMain builds once for the process tests.
@@ -43,52 +42,10 @@ func testMain(m *testing.M) int {
 	return m.Run()
 }
 
-// logWatcher collects a server's JSON log lines and reports the address
-// of the "serving" line: the server's own word that it is listening.
-type logWatcher struct {
-	mu      sync.Mutex
-	buf     bytes.Buffer
-	partial []byte
-	serving chan string // receives the address once
-	sent    bool
-}
-
-func newLogWatcher() *logWatcher { return &logWatcher{serving: make(chan string, 1)} }
-
-func (w *logWatcher) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.buf.Write(p)
-	w.partial = append(w.partial, p...)
-	for {
-		line, rest, ok := bytes.Cut(w.partial, []byte("\n"))
-		if !ok {
-			break
-		}
-		w.partial = rest
-		w.scan(line)
-	}
-	return len(p), nil
-}
-
-func (w *logWatcher) scan(line []byte) {
-	var rec struct{ Msg, Addr string }
-	if json.Unmarshal(line, &rec) == nil && rec.Msg == "serving" && !w.sent {
-		w.sent = true
-		w.serving <- rec.Addr
-	}
-}
-
-func (w *logWatcher) String() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.buf.String()
-}
-
 // serverProc is a `snapcoord serve` process.
 type serverProc struct {
 	cmd    *exec.Cmd
-	logs   *logWatcher
+	logs   *logsink.Watcher
 	addr   string
 	exited chan struct{} // closed once Wait returned
 }
@@ -97,7 +54,7 @@ type serverProc struct {
 // waits until its health service reports SERVING.
 func startServer(t *testing.T, dataDir string) *serverProc {
 	t.Helper()
-	p := &serverProc{logs: newLogWatcher(), exited: make(chan struct{})}
+	p := &serverProc{logs: logsink.NewWatcher(), exited: make(chan struct{})}
 	p.cmd = exec.Command(binPath, "serve", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--data-dir", dataDir, "--log-format", "json")
 	p.cmd.Env = envWithoutSnapcoord()
 	p.cmd.Stdout, p.cmd.Stderr = p.logs, p.logs
@@ -113,7 +70,7 @@ func startServer(t *testing.T, dataDir string) *serverProc {
 		<-p.exited
 	})
 	select {
-	case p.addr = <-p.logs.serving:
+	case p.addr = <-p.logs.Serving():
 	case <-p.exited:
 		t.Fatalf("server exited before serving: %v\n%s", p.cmd.ProcessState, p.logs)
 	case <-time.After(60 * time.Second):

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/snapcoord/snapcoord/internal/logsink"
 )
 
 func noEnv(string) (string, bool) { return "", false }
@@ -99,14 +101,14 @@ func TestCommands(t *testing.T) {
 func TestServeInProcessStopsOnCancel(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
-	logs := newLogWatcher()
+	logs := logsink.NewWatcher()
 	args := []string{"--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--data-dir", t.TempDir(), "--log-format", "json"}
 	done := make(chan int, 1)
 	go func() { done <- runServe(ctx, args, noEnv, logs, logs) }()
 
 	var addr string
 	select {
-	case addr = <-logs.serving:
+	case addr = <-logs.Serving():
 	case code := <-done:
 		t.Fatalf("serve exited %d before serving:\n%s", code, logs)
 	}

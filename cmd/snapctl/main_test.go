@@ -11,13 +11,14 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/snapcoord/snapcoord/internal/logsink"
 )
 
 // The tests run the built binaries: snapctl against a real snapcoord.
@@ -175,13 +176,13 @@ func (s *server) getJSON(msg proto.Message, args ...string) {
 // proc is a background process whose output tests wait on.
 type proc struct {
 	cmd  *exec.Cmd
-	out  *syncBuffer // stdout and stderr
+	out  *logsink.Buffer // stdout and stderr
 	done chan struct{}
 }
 
 func startProc(t *testing.T, env []string, name string, args ...string) *proc {
 	t.Helper()
-	p := &proc{cmd: exec.Command(name, args...), out: &syncBuffer{}, done: make(chan struct{})}
+	p := &proc{cmd: exec.Command(name, args...), out: &logsink.Buffer{}, done: make(chan struct{})}
 	p.cmd.Env = env
 	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
 	if err := p.cmd.Start(); err != nil {
@@ -233,21 +234,4 @@ func (p *proc) exitCode(t *testing.T) int {
 		t.Fatalf("process still running after 15 s:\n%s", p.out.String())
 	}
 	return -1
-}
-
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

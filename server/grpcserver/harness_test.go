@@ -1,7 +1,6 @@
 package grpcserver
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"net"
@@ -16,6 +15,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+	"github.com/snapcoord/snapcoord/internal/logsink"
 	"github.com/snapcoord/snapcoord/server/clock"
 	"github.com/snapcoord/snapcoord/server/engine"
 	"github.com/snapcoord/snapcoord/store"
@@ -33,7 +33,7 @@ type testServer struct {
 	workers v1.WorkerServiceClient
 	health  healthpb.HealthClient
 	conn    *grpc.ClientConn
-	logs    *syncBuffer
+	logs    *logsink.Buffer
 	// stop shuts the server, engine and store down; safe to call again.
 	stop func()
 }
@@ -47,7 +47,7 @@ func newTestServer(t *testing.T) *testServer {
 // after stop, is a coordinator restart.
 func startTestServer(t *testing.T, dir string) *testServer {
 	t.Helper()
-	logs := &syncBuffer{}
+	logs := &logsink.Buffer{}
 	logger := slog.New(slog.NewTextHandler(logs, nil))
 	db, err := store.Open(filepath.Join(dir, "snapcoord.db"), store.Options{})
 	if err != nil {
@@ -76,7 +76,7 @@ func startTestServer(t *testing.T, dir string) *testServer {
 }
 
 // serveTestServer serves srv on a loopback port and dials it.
-func serveTestServer(t *testing.T, srv *Server, logs *syncBuffer) *testServer {
+func serveTestServer(t *testing.T, srv *Server, logs *logsink.Buffer) *testServer {
 	t.Helper()
 	lis := listenLoopback(t)
 	served := make(chan error, 1)
@@ -104,24 +104,6 @@ func serveTestServer(t *testing.T, srv *Server, logs *syncBuffer) *testServer {
 	})
 	t.Cleanup(ts.stop)
 	return ts
-}
-
-// syncBuffer is a log sink that tests read while server goroutines write.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 func testSpec(worldSize int32) *v1.RunSpec {

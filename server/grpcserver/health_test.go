@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+	"github.com/snapcoord/snapcoord/internal/logsink"
 )
 
 func checkAll(t *testing.T, ts *testServer, want healthpb.HealthCheckResponse_ServingStatus) {
@@ -41,7 +42,7 @@ func TestMarkUnhealthyReportsNotServing(t *testing.T) {
 // Marked before Serve (the store failed while starting), Serve must not
 // flip it back to SERVING.
 func TestMarkUnhealthyBeforeServeSticks(t *testing.T) {
-	logs := &syncBuffer{}
+	logs := &logsink.Buffer{}
 	srv, err := newServer(Config{}, slog.New(slog.NewTextHandler(logs, nil)), func(r grpc.ServiceRegistrar) {
 		v1.RegisterRunServiceServer(r, v1.UnimplementedRunServiceServer{})
 	})
@@ -54,7 +55,7 @@ func TestMarkUnhealthyBeforeServeSticks(t *testing.T) {
 }
 
 func TestReflectionCanBeDisabled(t *testing.T) {
-	logs := &syncBuffer{}
+	logs := &logsink.Buffer{}
 	srv, err := newServer(Config{DisableReflection: true}, slog.New(slog.NewTextHandler(logs, nil)), func(r grpc.ServiceRegistrar) {
 		v1.RegisterRunServiceServer(r, v1.UnimplementedRunServiceServer{})
 	})

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+	"github.com/snapcoord/snapcoord/internal/logsink"
 )
 
 func TestHealthServingThenNotServingAfterShutdown(t *testing.T) {
@@ -174,7 +175,7 @@ func (panickingRuns) WatchRun(*v1.WatchRunRequest, grpc.ServerStreamingServer[v1
 }
 
 func TestPanicBecomesInternalAndServerSurvives(t *testing.T) {
-	logs := &syncBuffer{}
+	logs := &logsink.Buffer{}
 	srv, err := newServer(Config{}, slog.New(slog.NewTextHandler(logs, nil)), func(r grpc.ServiceRegistrar) {
 		v1.RegisterRunServiceServer(r, panickingRuns{})
 	})

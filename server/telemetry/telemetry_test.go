@@ -34,6 +34,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+	"github.com/snapcoord/snapcoord/internal/logsink"
 	"github.com/snapcoord/snapcoord/server/engine"
 )
 
@@ -81,25 +82,8 @@ func serveWorkers(t *testing.T, opts ...grpc.ServerOption) (v1.WorkerServiceClie
 	return v1.NewWorkerServiceClient(conn), stop
 }
 
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 func TestOneLogLinePerRPCWithIDsAndNoToken(t *testing.T) {
-	logs := &syncBuffer{}
+	logs := &logsink.Buffer{}
 	log := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	c, stop := serveWorkers(t, grpc.UnaryInterceptor(RPCLoggingUnary(log)), grpc.StreamInterceptor(RPCLoggingStream(log)))
 	ctx := metadata.AppendToOutgoingContext(t.Context(), "authorization", "Bearer "+secret)

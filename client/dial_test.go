@@ -2,15 +2,8 @@ package client_test
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
-	"math/big"
-	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -22,6 +15,7 @@ import (
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 	"github.com/snapcoord/snapcoord/client"
+	"github.com/snapcoord/snapcoord/internal/testpki"
 	"github.com/snapcoord/snapcoord/server/grpcserver"
 )
 
@@ -159,58 +153,8 @@ type pki struct {
 func newPKI(t *testing.T) pki {
 	t.Helper()
 	dir := t.TempDir()
-	caKey, caCert := newCert(t, "test CA", nil, nil, func(c *x509.Certificate) {
-		c.IsCA, c.BasicConstraintsValid, c.KeyUsage = true, true, x509.KeyUsageCertSign
-	})
-	srvKey, srvCert := newCert(t, "snapcoord.test", caCert, caKey, func(c *x509.Certificate) {
-		c.DNSNames, c.ExtKeyUsage = []string{"snapcoord.test"}, []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
-	})
-	cliKey, cliCert := newCert(t, "trainer", caCert, caKey, func(c *x509.Certificate) {
-		c.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
-	})
-	p := pki{pool: x509.NewCertPool(), caFile: filepath.Join(dir, "ca.pem"),
-		certFile: filepath.Join(dir, "client.pem"), keyFile: filepath.Join(dir, "client-key.pem")}
-	p.pool.AddCert(caCert)
-	p.server = tls.Certificate{Certificate: [][]byte{srvCert.Raw}, PrivateKey: srvKey}
-	writePEM(t, p.caFile, "CERTIFICATE", caCert.Raw)
-	writePEM(t, p.certFile, "CERTIFICATE", cliCert.Raw)
-	der, err := x509.MarshalECPrivateKey(cliKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	writePEM(t, p.keyFile, "EC PRIVATE KEY", der)
-	return p
-}
-
-func newCert(t *testing.T, cn string, parent *x509.Certificate, parentKey *ecdsa.PrivateKey, edit func(*x509.Certificate)) (*ecdsa.PrivateKey, *x509.Certificate) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: cn},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature,
-	}
-	edit(tmpl)
-	if parent == nil {
-		parent, parentKey = tmpl, key
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, parent, &key.PublicKey, parentKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return key, cert
-}
-
-func writePEM(t *testing.T, path, typ string, der []byte) {
-	t.Helper()
-	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	ca := testpki.NewCA(t, dir, "ca")
+	server := ca.Issue(t, dir, "server", x509.ExtKeyUsageServerAuth, "snapcoord.test")
+	client := ca.Issue(t, dir, "client", x509.ExtKeyUsageClientAuth)
+	return pki{pool: ca.Pool, server: server.TLS, caFile: ca.File, certFile: client.CertFile, keyFile: client.KeyFile}
 }

@@ -2,21 +2,11 @@ package main
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
-	"encoding/pem"
-	"math/big"
-	"net"
 	"net/http"
-	"os"
-	"path/filepath"
 	"testing"
-	"time"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
@@ -28,6 +18,7 @@ import (
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 	"github.com/snapcoord/snapcoord/internal/logsink"
+	"github.com/snapcoord/snapcoord/internal/testpki"
 )
 
 // coordinator is `snapcoord serve` run in-process on loopback ports, with
@@ -161,74 +152,17 @@ type testPKI struct {
 func newTestPKI(t *testing.T) testPKI {
 	t.Helper()
 	dir := t.TempDir()
-	ca, caKey := newCA(t, "snapcoord test CA")
-	rogue, rogueKey := newCA(t, "rogue CA")
-	p := testPKI{caFile: filepath.Join(dir, "ca.pem"), caPool: x509.NewCertPool()}
-	p.caPool.AddCert(ca)
-	writePEM(t, p.caFile, "CERTIFICATE", ca.Raw)
-	p.serverCert, p.serverKey = issue(t, dir, "server", ca, caKey, x509.ExtKeyUsageServerAuth)
-	p.clientCert, p.clientKey = issue(t, dir, "client", ca, caKey, x509.ExtKeyUsageClientAuth)
-	p.rogueCert, p.rogueKey = issue(t, dir, "rogue", rogue, rogueKey, x509.ExtKeyUsageClientAuth)
-	return p
+	ca := testpki.NewCA(t, dir, "ca")
+	rogue := testpki.NewCA(t, dir, "rogue-ca")
+	server := ca.Issue(t, dir, "server", x509.ExtKeyUsageServerAuth)
+	client := ca.Issue(t, dir, "client", x509.ExtKeyUsageClientAuth)
+	rogueClient := rogue.Issue(t, dir, "rogue", x509.ExtKeyUsageClientAuth)
+	return testPKI{caFile: ca.File, caPool: ca.Pool,
+		serverCert: server.CertFile, serverKey: server.KeyFile,
+		clientCert: client.CertFile, clientKey: client.KeyFile,
+		rogueCert: rogueClient.CertFile, rogueKey: rogueClient.KeyFile}
 }
 
-func newCA(t *testing.T, name string) (*x509.Certificate, *ecdsa.PrivateKey) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: name},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return cert, key
-}
-
-// issue signs a leaf certificate for 127.0.0.1 and writes it and its key.
-func issue(t *testing.T, dir, name string, ca *x509.Certificate, caKey *ecdsa.PrivateKey, usage x509.ExtKeyUsage) (certFile, keyFile string) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: name},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{usage},
-		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, DNSNames: []string{"localhost"},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	certFile, keyFile = filepath.Join(dir, name+".pem"), filepath.Join(dir, name+"-key.pem")
-	writePEM(t, certFile, "CERTIFICATE", der)
-	writePEM(t, keyFile, "PRIVATE KEY", keyDER)
-	return certFile, keyFile
-}
-
-func writePEM(t *testing.T, path, typ string, der []byte) {
-	t.Helper()
-	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// clientTLS trusts the test CA and, given files, presents that certificate.
 func (p testPKI) clientTLS(t *testing.T, certFile, keyFile string) credentials.TransportCredentials {
 	t.Helper()
 	cfg := &tls.Config{RootCAs: p.caPool, MinVersion: tls.VersionTLS12}

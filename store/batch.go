@@ -23,11 +23,12 @@ type opKind uint8
 const (
 	opPut opKind = iota
 	opPutIfAbsent
+	opDelete
 	opDeleteThrough
 )
 
 // op is one change. For opDeleteThrough, key is the run's prefix and val
-// the last key to delete.
+// the last key to delete (nil: every key with the prefix).
 type op struct {
 	kind   opKind
 	bucket bucketID
@@ -113,6 +114,18 @@ func (b *Batch) DeleteEventsThrough(runID string, seq int64) {
 		key:    runPrefix(runID),
 		val:    seqKey(runID, seq),
 	})
+}
+
+// DeleteRun deletes the run's record and everything stored under it,
+// atomically with the batch's other changes.
+func (b *Batch) DeleteRun(runID string) {
+	if !b.checkRunID(runID) {
+		return
+	}
+	for _, bucket := range []bucketID{idSteps, idWorkers, idSnapshots, idReports, idEvents, idCommands} {
+		b.ops = append(b.ops, op{kind: opDeleteThrough, bucket: bucket, key: runPrefix(runID)})
+	}
+	b.ops = append(b.ops, op{kind: opDelete, bucket: idRuns, key: []byte(runID)})
 }
 
 // Len returns the number of changes in the batch.

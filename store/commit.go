@@ -158,16 +158,19 @@ func applyOp(b *bolt.Bucket, o op) error {
 			return nil
 		}
 		return b.Put(o.key, o.val)
+	case opDelete:
+		return b.Delete(o.key)
 	}
 	return deleteRange(b, o.key, o.val)
 }
 
-// deleteRange deletes keys with the prefix up to and including last. Keys
-// are copied first: deleting under a live cursor can skip entries.
+// deleteRange deletes keys with the prefix up to and including last, or
+// all of them if last is nil. Keys are copied first: deleting under a live
+// cursor can skip entries.
 func deleteRange(b *bolt.Bucket, prefix, last []byte) error {
 	var doomed [][]byte
 	c := b.Cursor()
-	for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix) && bytes.Compare(k, last) <= 0; k, _ = c.Next() {
+	for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix) && (last == nil || bytes.Compare(k, last) <= 0); k, _ = c.Next() {
 		doomed = append(doomed, bytes.Clone(k))
 	}
 	for _, k := range doomed {

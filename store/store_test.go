@@ -750,3 +750,32 @@ func TestCompletedSnapshotReadOnDemand(t *testing.T) {
 		t.Fatalf("SnapshotReport of a worker that never reported = %v, %v; want nil", r, err)
 	}
 }
+
+// DeleteRun removes a run and all it holds, and nothing of another run
+// whose id it prefixes; the file stays consistent and loads.
+func TestDeleteRun(t *testing.T) {
+	db := mustOpen(t, tempPath(t), Options{})
+	_, b := fixture("a")
+	kept, b2 := fixture("a.b")
+	b.ops = append(b.ops, b2.ops...)
+	b.PutSnapshotReport("a", "s1", &snapcoordv1.SnapshotReport{WorkerId: "w1"})
+	b.PutSnapshotReport("a.b", "s1", &snapcoordv1.SnapshotReport{WorkerId: "w1"})
+	mustCommit(t, db, b)
+
+	b = &Batch{}
+	b.DeleteRun("a")
+	mustCommit(t, db, b)
+	db = reopen(t, db)
+	runs := mustLoad(t, db)
+	if len(runs) != 1 || runs[0].Record.GetRun().GetRunId() != "a.b" {
+		t.Fatalf("after DeleteRun(a): %d runs, want only a.b", len(runs))
+	}
+	kept.Snapshots[0].Reports = []*snapcoordv1.SnapshotReport{{WorkerId: "w1"}}
+	assertRunData(t, runs[0], kept)
+	if err := db.Check(); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := db.SnapshotReport("a", "s1", "w1"); err != nil || r != nil {
+		t.Fatalf("a's report after DeleteRun: %v, %v", r, err)
+	}
+}

@@ -46,6 +46,7 @@ type serveConfig struct {
 	maxRuns              int
 	maxWorkersPerRun     int
 	maxEventsPerRun      int
+	finishedRetention    time.Duration
 	keepaliveMinTime     time.Duration
 	keepaliveTime        time.Duration
 	keepaliveTimeout     time.Duration
@@ -91,6 +92,7 @@ func newServeFlags(cfg *serveConfig) *flag.FlagSet {
 	fs.IntVar(&cfg.maxRuns, "max-runs", 10000, "runs the coordinator keeps; CreateRun beyond it gets RESOURCE_EXHAUSTED")
 	fs.IntVar(&cfg.maxWorkersPerRun, "max-workers-per-run", 10000, "workers one run may register; more get RESOURCE_EXHAUSTED")
 	fs.IntVar(&cfg.maxEventsPerRun, "max-events-per-run", 100000, "events kept per run; the oldest are dropped beyond it")
+	fs.DurationVar(&cfg.finishedRetention, "finished-run-retention", 0, "delete a finished run (and all stored for it) this long after it ended, e.g. 720h; 0 keeps finished runs")
 	fs.DurationVar(&cfg.keepaliveMinTime, "keepalive-min-time", 10*time.Second, "shortest client keepalive ping interval tolerated; clients pinging more often are disconnected")
 	fs.BoolVar(&cfg.permitPingsNoStream, "keepalive-permit-without-stream", true, "tolerate client keepalive pings on connections with no open RPC")
 	fs.DurationVar(&cfg.keepaliveTime, "keepalive-time", 30*time.Second, "ping a client connection silent this long, to notice dead workers")
@@ -160,6 +162,8 @@ func (c serveConfig) validate() error {
 		return fmt.Errorf("--reflection (%s) must be auto, open, auth or off, not %q", envName("reflection"), c.reflection)
 	case c.pprof && c.metricsListen == "":
 		return errors.New("--pprof needs --metrics-listen")
+	case c.finishedRetention < 0:
+		return errors.New("--finished-run-retention must not be negative")
 	case c.maxRecvMsgSize <= 0, c.maxRuns <= 0, c.maxWorkersPerRun <= 0, c.maxEventsPerRun <= 0:
 		return errors.New("--max-recv-msg-size, --max-runs, --max-workers-per-run and --max-events-per-run must be positive")
 	case c.maxConcurrentStreams == 0 || c.maxConcurrentStreams > math.MaxUint32:

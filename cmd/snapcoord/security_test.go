@@ -197,6 +197,7 @@ func TestSecurityFlagErrors(t *testing.T) {
 		{"bad reflection", []string{"--reflection", "sometimes"}, nil, "--reflection"},
 		{"pprof without metrics", []string{"--pprof", "--metrics-listen", ""}, nil, "--pprof"},
 		{"zero max runs", []string{"--max-runs", "0"}, nil, "--max-runs"},
+		{"negative retention", []string{"--finished-run-retention", "-1h"}, nil, "--finished-run-retention"},
 		{"zero streams", []string{"--max-concurrent-streams", "0"}, nil, "--max-concurrent-streams"},
 		{"short admin token in env", nil, map[string]string{adminTokenEnv: "short"}, adminTokenEnv},
 		{"short admin token in file", []string{"--admin-token-file", shortTokenFile}, nil, "line 1"},
@@ -223,7 +224,7 @@ func TestServeHelpListsSecurityAndLimitFlags(t *testing.T) {
 	}
 	for _, flag := range []string{"admin-token-file", "insecure", "tls-cert", "tls-key", "client-ca", "reflection",
 		"metrics-listen", "pprof", "max-recv-msg-size", "max-concurrent-streams", "max-runs", "max-workers-per-run",
-		"max-events-per-run", "keepalive-min-time", "keepalive-permit-without-stream", "keepalive-time", "keepalive-timeout", "max-connection-idle"} {
+		"max-events-per-run", "finished-run-retention", "keepalive-min-time", "keepalive-permit-without-stream", "keepalive-time", "keepalive-timeout", "max-connection-idle"} {
 		if !strings.Contains(stdout.String(), "-"+flag) || !strings.Contains(stdout.String(), envName(flag)) {
 			t.Errorf("help lacks -%s or %s", flag, envName(flag))
 		}

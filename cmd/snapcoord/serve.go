@@ -99,13 +99,14 @@ func serve(ctx context.Context, cfg serveConfig, adminTokens []string, lookupEnv
 	}
 	defer closeStore(db, log)
 	eng, err := engine.New(ctx, db, engine.Options{
-		Logger:            log,
-		HeartbeatInterval: cfg.heartbeatInterval,
-		LeaseTTL:          cfg.leaseTTL,
-		MaxRuns:           cfg.maxRuns,
-		MaxWorkersPerRun:  cfg.maxWorkersPerRun,
-		MaxEventsPerRun:   cfg.maxEventsPerRun,
-		Observer:          tel,
+		Logger:               log,
+		HeartbeatInterval:    cfg.heartbeatInterval,
+		LeaseTTL:             cfg.leaseTTL,
+		MaxRuns:              cfg.maxRuns,
+		MaxWorkersPerRun:     cfg.maxWorkersPerRun,
+		MaxEventsPerRun:      cfg.maxEventsPerRun,
+		FinishedRunRetention: cfg.finishedRetention,
+		Observer:             tel,
 	})
 	if err != nil {
 		return fmt.Errorf("load state from %s: %w", cfg.dataDir, err)

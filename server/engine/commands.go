@@ -45,6 +45,9 @@ func (e *Engine) openCursor(runID, workerID string, incarnation int64) (*cursor,
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if err := r.gone(); err != nil {
+		return nil, err
+	}
 	w, err := r.worker(workerID, v1.WorkerRole_WORKER_ROLE_UNSPECIFIED, "StreamCommands")
 	if err != nil {
 		return nil, err
@@ -62,6 +65,9 @@ func (c *cursor) next(after int64) (cmds []*v1.Command, changed <-chan struct{},
 	changed = c.r.commandsChanged() // taken first, so no change slips between the read and the wait
 	c.r.mu.Lock()
 	defer c.r.mu.Unlock()
+	if err := c.r.gone(); err != nil {
+		return nil, nil, 0, false, err
+	}
 	if err := c.r.workers[c.workerID].current(c.incarnation); err != nil {
 		return nil, nil, 0, false, err
 	}

@@ -36,7 +36,11 @@ type Options struct {
 	MaxRuns           int             // default 10000
 	MaxWorkersPerRun  int             // default 10000
 	MaxEventsPerRun   int             // default 100000
-	Observer          Observer        // default: observes nothing
+	// FinishedRunRetention is how long a terminal run is kept after it
+	// ended; then it and everything stored under it are deleted. 0 keeps
+	// finished runs.
+	FinishedRunRetention time.Duration
+	Observer             Observer // default: observes nothing
 }
 
 func (o *Options) setDefaults() {
@@ -92,6 +96,7 @@ type Engine struct {
 	failed  atomic.Pointer[error] // set once a commit failed
 	closed  atomic.Bool
 	closing chan struct{}
+	sweep   clock.Timer // the next purge of finished runs; guarded by mu
 }
 
 // New loads every run from st and re-arms its timers.
@@ -115,6 +120,9 @@ func New(ctx context.Context, st *store.DB, opts Options) (*Engine, error) {
 	for _, id := range e.ids {
 		e.resume(e.runs[id])
 	}
+	if opts.FinishedRunRetention > 0 {
+		e.purgeFinished()
+	}
 	return e, nil
 }
 
@@ -127,6 +135,9 @@ func (e *Engine) Close() {
 	close(e.closing)
 	e.mu.RLock()
 	defer e.mu.RUnlock()
+	if e.sweep != nil {
+		e.sweep.Stop()
+	}
 	for _, r := range e.runs {
 		r.mu.Lock()
 		r.stopTimers()
@@ -188,6 +199,10 @@ func (e *Engine) mutate(ctx context.Context, runID string, fn func(m *mut) error
 
 func (e *Engine) mutateRun(ctx context.Context, r *runState, fn func(m *mut) error) error {
 	r.mu.Lock()
+	if err := r.gone(); err != nil {
+		r.mu.Unlock()
+		return err
+	}
 	m := &mut{e: e, r: r, now: e.clk.Now()}
 	err := fn(m)
 	m.flush()
@@ -208,7 +223,10 @@ func (e *Engine) view(ctx context.Context, runID string, fn func(r *runState) er
 		return err
 	}
 	r.mu.Lock()
-	err = fn(r)
+	err = r.gone()
+	if err == nil {
+		err = fn(r)
+	}
 	last := r.last
 	r.mu.Unlock()
 	if werr := e.wait(ctx, last); werr != nil {

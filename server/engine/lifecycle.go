@@ -32,7 +32,7 @@ func (e *Engine) createRun(ctx context.Context, req *v1.CreateRunRequest) (*v1.C
 	}
 	if len(e.runs) >= e.opts.MaxRuns {
 		e.mu.Unlock()
-		return nil, errorf(ErrResourceExhausted, "limit max_runs (%d) reached", e.opts.MaxRuns)
+		return nil, errorf(ErrResourceExhausted, "limit max_runs (%d) reached; finished runs are deleted after --finished-run-retention", e.opts.MaxRuns)
 	}
 	token, hash := newToken()
 	r := newRunState(&storagev1.RunRecord{

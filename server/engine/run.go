@@ -46,6 +46,8 @@ type runState struct {
 
 	last *store.Pending // the latest batch submitted for this run
 
+	purged bool // deleted after its retention; callers that found it first get NOT_FOUND
+
 	// Highest sequence numbers known durable; streams deliver up to these.
 	durableCmd   atomic.Int64
 	durableEvent atomic.Int64

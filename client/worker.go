@@ -45,9 +45,11 @@ type WorkerConfig struct {
 	// command is issued. Default 30 s.
 	PollWait time.Duration
 	// Replay delivers the commands issued before the worker registered too.
-	// By default delivery starts at the end of the command log at
-	// registration: older commands concern snapshots that did not expect
-	// this worker.
+	// By default delivery starts where the coordinator says: at the end of
+	// the command log at registration (older commands concern snapshots
+	// that did not expect this worker), or, if a snapshot in flight still
+	// waits for this worker's report (its previous process died in the
+	// middle of it), at that snapshot's command.
 	Replay bool
 	// Logger receives reconnects, re-registrations and fallbacks. Default:
 	// slog.Default().
@@ -111,7 +113,7 @@ func (c *Client) StartWorker(ctx context.Context, cfg WorkerConfig) (*Worker, er
 		return nil, fmt.Errorf("client: register %q in run %q: %w", cfg.Name, cfg.RunID, err)
 	}
 	if !cfg.Replay {
-		w.lastSeq = w.reg.GetLastCommandSeq()
+		w.lastSeq = w.reg.GetResumeAfterSeq()
 	}
 	loopCtx, stop := context.WithCancelCause(context.WithoutCancel(ctx))
 	w.stop = stop

@@ -280,3 +280,36 @@ func TestSupersededWorkerStops(t *testing.T) {
 		})
 	}
 }
+
+// A worker process dies after it received SaveAtDeadline and before it
+// reported; the process started in its place gets the same SaveAtDeadline
+// first, saves, and the run stops as planned.
+func TestReplacementProcessDoesThePendingSave(t *testing.T) {
+	co := startCoordinator(t)
+	cl := co.createRun("r1", turnSpec(1))
+	admin := co.dial("")
+	died := startEnvWorker(t, cl, "r1", false)
+	if _, err := admin.Runs.TriggerDeadline(t.Context(), &v1.TriggerDeadlineRequest{RunId: "r1", Reason: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	save := nextCommand(t, died).GetSaveAtDeadline()
+	if save == nil {
+		t.Fatal("no SaveAtDeadline")
+	}
+
+	replacement := startEnvWorker(t, cl, "r1", false)
+	cmd := nextCommand(t, replacement)
+	if cmd.GetSaveAtDeadline().GetSnapshotId() != save.GetSnapshotId() {
+		t.Fatalf("the replacement's first command is %v, want the pending SaveAtDeadline %s", cmd, save.GetSnapshotId())
+	}
+	if _, err := replacement.ReportSnapshot(t.Context(), save.GetSnapshotId(), v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SAVED, time.Second, "ok"); err != nil {
+		t.Fatal(err)
+	}
+	if stop := nextCommand(t, replacement); stop.GetStop() == nil {
+		t.Fatalf("after the save: %v, want Stop", stop)
+	}
+	run, err := admin.Runs.GetRun(t.Context(), &v1.GetRunRequest{RunId: "r1"})
+	if err != nil || run.GetRun().GetState() != v1.RunState_RUN_STATE_STOPPED {
+		t.Fatalf("run %v, %v; want STOPPED", run.GetRun().GetState(), err)
+	}
+}

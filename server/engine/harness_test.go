@@ -122,6 +122,19 @@ func (h *harness) envs(run string, n int) []string {
 	return ids
 }
 
+// snapshotInFlight creates run with one trainer rank and n environment
+// workers, and has the rank complete step 1 and save its checkpoint: a
+// trainer-checkpoint snapshot is then in flight.
+func (h *harness) snapshotInFlight(run string, n int) (ranks, envs []string) {
+	h.t.Helper()
+	h.create(run, turnSpec(1, ""))
+	ranks = h.trainers(run, 1)
+	envs = h.envs(run, n)
+	h.stepAll(run, ranks, 1, 10)
+	h.checkpoint(run, ranks, 1, v1.CheckpointPhase_CHECKPOINT_PHASE_SAVED, 5)
+	return ranks, envs
+}
+
 func itoa(i int) string { return string(rune('a'+i/26)) + string(rune('a'+i%26)) }
 
 func (h *harness) step(run, worker string, step int64, iter float64) *v1.Decision {

@@ -87,3 +87,45 @@ func TestStaleIncarnationIsFenced(t *testing.T) {
 	_, err = h.e.Heartbeat(h.ctx, &v1.HeartbeatRequest{RunId: "r", WorkerId: id, Incarnation: cur.Incarnation})
 	wantSuperseded(t, "Heartbeat after a restart", err)
 }
+
+// A worker process that restarts in the middle of a snapshot resumes just
+// before that snapshot's command, so that it still does its part; once it
+// reported, or for a worker the snapshot does not expect, delivery starts at
+// the end of the log.
+func TestRestartedWorkerResumesAtPendingSnapshot(t *testing.T) {
+	h := newHarness(t)
+	_, envs := h.snapshotInFlight("r", 2)
+	s := h.lastSnapshot("r")
+	cmds := h.commands("r", envs[0])
+	snapCmd := cmds[len(cmds)-1]
+	if snapCmd.GetSnapshot().GetSnapshotId() != s.SnapshotId {
+		t.Fatalf("last command %v, want the snapshot %s", snapCmd, s.SnapshotId)
+	}
+	register := func(name string) *v1.RegisterWorkerResponse {
+		t.Helper()
+		resp, err := h.e.RegisterWorker(h.ctx, &v1.RegisterWorkerRequest{RunId: "r", Role: v1.WorkerRole_WORKER_ROLE_ENVIRONMENT, Name: name})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp
+	}
+	if err := h.report("r", envs[1], s.SnapshotId, v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SAVED, 1); err != nil {
+		t.Fatal(err)
+	}
+
+	if got := register("env-aa"); got.ResumeAfterSeq != snapCmd.Seq-1 { // envs[0], not reported yet
+		t.Fatalf("restarted mid-snapshot: resume_after_seq %d, want %d (before the snapshot's command)", got.ResumeAfterSeq, snapCmd.Seq-1)
+	}
+	if got := register("env-ab"); got.ResumeAfterSeq != got.LastCommandSeq { // envs[1], reported
+		t.Fatalf("restarted after reporting: resume_after_seq %d, want the end %d", got.ResumeAfterSeq, got.LastCommandSeq)
+	}
+	if got := register("env-new"); got.ResumeAfterSeq != got.LastCommandSeq {
+		t.Fatalf("a worker the snapshot does not expect: resume_after_seq %d, want the end %d", got.ResumeAfterSeq, got.LastCommandSeq)
+	}
+	if err := h.report("r", envs[0], s.SnapshotId, v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SAVED, 1); err != nil {
+		t.Fatal(err)
+	}
+	if got := register("env-aa"); got.ResumeAfterSeq != got.LastCommandSeq {
+		t.Fatalf("after its report: resume_after_seq %d, want the end %d", got.ResumeAfterSeq, got.LastCommandSeq)
+	}
+}

@@ -146,11 +146,7 @@ func TestRestartRearmsSnapshotTimeout(t *testing.T) {
 // still be reported, and ids and sequence numbers are never reused.
 func TestRestartResumesCommandsAndSnapshots(t *testing.T) {
 	h := newHarness(t)
-	h.create("r", turnSpec(1, ""))
-	ranks := h.trainers("r", 1)
-	envs := h.envs("r", 2)
-	h.stepAll("r", ranks, 1, 10)
-	h.checkpoint("r", ranks, 1, v1.CheckpointPhase_CHECKPOINT_PHASE_SAVED, 5)
+	ranks, envs := h.snapshotInFlight("r", 2)
 	before := h.commands("r", envs[0])
 	if len(before) != 1 {
 		t.Fatalf("commands %v", before)

@@ -267,11 +267,7 @@ func TestMaxConsecutiveFailures(t *testing.T) {
 // waiting for the other workers, with the worker's message.
 func TestInvariantFailureInRegularSnapshot(t *testing.T) {
 	h := newHarness(t)
-	h.create("r", turnSpec(1, ""))
-	ranks := h.trainers("r", 1)
-	envs := h.envs("r", 3)
-	h.stepAll("r", ranks, 1, 10)
-	h.checkpoint("r", ranks, 1, v1.CheckpointPhase_CHECKPOINT_PHASE_SAVED, 5)
+	ranks, envs := h.snapshotInFlight("r", 3)
 	s := h.lastSnapshot("r")
 	if err := h.report("r", envs[0], s.SnapshotId, v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SAVED, 1); err != nil {
 		t.Fatal(err)
@@ -298,11 +294,7 @@ func TestInvariantFailureInRegularSnapshot(t *testing.T) {
 // the next snapshot no longer waits for it.
 func TestLostEnvWorkerDoesNotHoldUpSnapshot(t *testing.T) {
 	h := newHarness(t)
-	h.create("r", turnSpec(1, ""))
-	ranks := h.trainers("r", 1)
-	envs := h.envs("r", 2)
-	h.stepAll("r", ranks, 1, 10)
-	h.checkpoint("r", ranks, 1, v1.CheckpointPhase_CHECKPOINT_PHASE_SAVED, 5)
+	ranks, envs := h.snapshotInFlight("r", 2)
 	s := h.lastSnapshot("r")
 	if err := h.report("r", envs[0], s.SnapshotId, v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SAVED, 1); err != nil {
 		t.Fatal(err)

@@ -72,6 +72,7 @@ func (e *Engine) registerWorker(ctx context.Context, req *v1.RegisterWorkerReque
 		}
 		resp.WorkerId, resp.Incarnation = w.w.WorkerId, w.w.Incarnation
 		resp.RunState, resp.LastCommandSeq = m.r.state(), m.r.rec.LastCommandSeq
+		resp.ResumeAfterSeq = m.r.resumeAfter(w)
 		return nil
 	})
 	if err != nil {
@@ -121,6 +122,26 @@ func (m *mut) register(req *v1.RegisterWorkerRequest) (*workerState, error) {
 	m.event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_WORKER_REGISTERED, WorkerId: w.w.WorkerId,
 		Message: fmt.Sprintf("%s %q registered as %s (incarnation %d)", roleWord(w.w), w.w.Name, w.w.WorkerId, w.w.Incarnation)})
 	return w, nil
+}
+
+// resumeAfter is where a worker registering starts reading commands: the
+// end of the log, or just before the command of a snapshot in flight that
+// still waits for its report. A worker process that restarts in the middle
+// of a save (SaveAtDeadline above all) must still do it.
+func (r *runState) resumeAfter(w *workerState) int64 {
+	s := r.snapshots[r.rec.ActiveSnapshotId]
+	if s == nil {
+		return r.rec.LastCommandSeq
+	}
+	if _, waiting := r.reportIndex(s).waiting[w.w.WorkerId]; !waiting {
+		return r.rec.LastCommandSeq
+	}
+	for i := len(r.commands) - 1; i >= 0; i-- {
+		if c := r.commands[i]; c.GetSnapshot().GetSnapshotId() == s.SnapshotId || c.GetSaveAtDeadline().GetSnapshotId() == s.SnapshotId {
+			return c.Seq - 1
+		}
+	}
+	return r.rec.LastCommandSeq
 }
 
 // workerID names a run's nth worker. The run's tag keeps ids unique across

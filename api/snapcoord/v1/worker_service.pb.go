@@ -180,6 +180,11 @@ type RegisterWorkerResponse struct {
 	// The command log's latest sequence number at registration: a fresh worker
 	// may start from 0 (to see what was already issued) or from here.
 	LastCommandSeq int64 `protobuf:"varint,6,opt,name=last_command_seq,json=lastCommandSeq,proto3" json:"last_command_seq,omitempty"`
+	// Where to start reading commands (after_seq): last_command_seq, unless a
+	// snapshot in flight still expects this worker's report (its process
+	// restarted in the middle of it); then just before that snapshot's
+	// command, so that the new process does its part.
+	ResumeAfterSeq int64 `protobuf:"varint,7,opt,name=resume_after_seq,json=resumeAfterSeq,proto3" json:"resume_after_seq,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -252,6 +257,13 @@ func (x *RegisterWorkerResponse) GetRunState() RunState {
 func (x *RegisterWorkerResponse) GetLastCommandSeq() int64 {
 	if x != nil {
 		return x.LastCommandSeq
+	}
+	return 0
+}
+
+func (x *RegisterWorkerResponse) GetResumeAfterSeq() int64 {
+	if x != nil {
+		return x.ResumeAfterSeq
 	}
 	return 0
 }
@@ -1268,14 +1280,15 @@ const file_snapcoord_v1_worker_service_proto_rawDesc = "" +
 	"\xbaH\a\x82\x01\x04\x10\x01 \x00R\x04role\x12@\n" +
 	"\x04name\x18\x03 \x01(\tB,\xbaH)r'2%^[A-Za-z0-9][A-Za-z0-9._:/@-]{0,127}$R\x04name\x12\x1f\n" +
 	"\x04rank\x18\x04 \x01(\x05B\v\xbaH\b\x1a\x06\x18\xff\xff\x03(\x00R\x04rank\x12)\n" +
-	"\vincarnation\x18\x05 \x01(\x03B\a\xbaH\x04\"\x02(\x00R\vincarnation\"\xb8\x02\n" +
+	"\vincarnation\x18\x05 \x01(\x03B\a\xbaH\x04\"\x02(\x00R\vincarnation\"\xe2\x02\n" +
 	"\x16RegisterWorkerResponse\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12 \n" +
 	"\vincarnation\x18\x02 \x01(\x03R\vincarnation\x12H\n" +
 	"\x12heartbeat_interval\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x11heartbeatInterval\x126\n" +
 	"\tlease_ttl\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\bleaseTtl\x123\n" +
 	"\trun_state\x18\x05 \x01(\x0e2\x16.snapcoord.v1.RunStateR\brunState\x12(\n" +
-	"\x10last_command_seq\x18\x06 \x01(\x03R\x0elastCommandSeq\"\xa1\x01\n" +
+	"\x10last_command_seq\x18\x06 \x01(\x03R\x0elastCommandSeq\x12(\n" +
+	"\x10resume_after_seq\x18\a \x01(\x03R\x0eresumeAfterSeq\"\xa1\x01\n" +
 	"\x10HeartbeatRequest\x12:\n" +
 	"\x06run_id\x18\x01 \x01(\tB#\xbaH r\x1e2\x1c^[a-z0-9][a-z0-9._-]{0,127}$R\x05runId\x12&\n" +
 	"\tworker_id\x18\x02 \x01(\tB\t\xbaH\x06r\x04\x10\x01\x18@R\bworkerId\x12)\n" +

@@ -264,6 +264,9 @@ func (e *Engine) listSnapshots(ctx context.Context, req *v1.ListSnapshotsRequest
 		return true
 	})
 	if err != nil {
+		if _, gone := e.run(req.RunId); gone != nil {
+			return nil, gone // deleted after its retention while we read
+		}
 		return nil, fmt.Errorf("run %q: %w", req.RunId, err)
 	}
 	if more {

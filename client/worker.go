@@ -206,7 +206,7 @@ func (w *Worker) Close(ctx context.Context) error {
 		}
 		_, err := w.c.Workers.DeregisterWorker(ctx, &v1.DeregisterWorkerRequest{RunId: w.cfg.RunID, WorkerId: w.ID(),
 			Incarnation: w.Incarnation()})
-		if err != nil {
+		if err != nil && !superseded(err) { // superseded meanwhile: nothing of ours to deregister
 			w.closeErr = fmt.Errorf("client: deregister %s: %w", w.ID(), err)
 		}
 	})

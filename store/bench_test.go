@@ -2,10 +2,12 @@ package store
 
 import (
 	"context"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	storagev1 "github.com/snapcoord/snapcoord/api/snapcoord/storage/v1"
 	snapcoordv1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 )
 
@@ -75,6 +77,36 @@ func BenchmarkLoad(b *testing.B) {
 	b.ResetTimer()
 	for range b.N {
 		if _, err := db.Load(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkDeleteRun deletes a run the size of a long job's (100,000
+// events, 10,000 steps, 1,000 workers) in one commit: the time every other
+// commit waits when a finished run's retention ends.
+func BenchmarkDeleteRun(b *testing.B) {
+	db := mustOpen(b, tempPath(b), Options{})
+	ctx := context.Background()
+	for i := range b.N {
+		b.StopTimer()
+		id := fmt.Sprintf("run-%d", i)
+		setup := &Batch{}
+		setup.PutRun(runRecord(id))
+		for n := range int64(100_000) {
+			setup.PutEvent(id, event(n, "step decided: continue"))
+		}
+		for n := range int64(10_000) {
+			setup.PutStep(id, &storagev1.StepRecord{Step: n, MaxIterationSeconds: 30})
+		}
+		for w := range 1000 {
+			setup.PutWorker(id, &snapcoordv1.Worker{WorkerId: fmt.Sprintf("w%d", w), Name: "env"})
+		}
+		mustCommit(b, db, setup)
+		del := &Batch{}
+		del.DeleteRun(id)
+		b.StartTimer()
+		if err := db.Submit(del).Wait(ctx); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -86,6 +86,14 @@ func TestStaleIncarnationIsFenced(t *testing.T) {
 	h.restart() // incarnations are durable
 	_, err = h.e.Heartbeat(h.ctx, &v1.HeartbeatRequest{RunId: "r", WorkerId: id, Incarnation: cur.Incarnation})
 	wantSuperseded(t, "Heartbeat after a restart", err)
+
+	// Once the run is over, a superseded process still hears that it was
+	// superseded, not that the run takes no new workers.
+	if _, err := h.e.CancelRun(h.ctx, &v1.CancelRunRequest{RunId: "r", Reason: "done"}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = register(old.Incarnation)
+	wantSuperseded(t, "RegisterWorker into a terminal run", err)
 }
 
 // A worker process that restarts in the middle of a snapshot resumes just

@@ -83,9 +83,8 @@ func (e *Engine) registerWorker(ctx context.Context, req *v1.RegisterWorkerReque
 
 func (m *mut) register(req *v1.RegisterWorkerRequest) (*workerState, error) {
 	r := m.r
-	if r.terminal() {
-		return nil, errorf(ErrFailedPrecondition, "run %q is %s: it takes no new workers", r.id, stateName(r.state()))
-	}
+	// A superseded process hears so whatever the run's state: it must stop,
+	// not take "the run is over" for a reason to try again.
 	w := r.byName[req.Name]
 	if w != nil && req.Incarnation != 0 && req.Incarnation == w.w.ReplacedIncarnation {
 		return w, nil // the repeat of a re-register whose answer was lost
@@ -94,6 +93,9 @@ func (m *mut) register(req *v1.RegisterWorkerRequest) (*workerState, error) {
 		if err := w.current(req.Incarnation); err != nil {
 			return nil, err
 		}
+	}
+	if r.terminal() {
+		return nil, errorf(ErrFailedPrecondition, "run %q is %s: it takes no new workers", r.id, stateName(r.state()))
 	}
 	if err := m.checkRank(req); err != nil {
 		return nil, err

@@ -115,14 +115,14 @@ func (e *Engine) streamCommands(ctx context.Context, req *v1.StreamCommandsReque
 	}
 }
 
-// await blocks until changed closes, ctx ends or the engine closes.
+// await blocks until changed closes, ctx ends, or long calls end (shutdown).
 func (e *Engine) await(ctx context.Context, changed <-chan struct{}) error {
 	select {
 	case <-changed:
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
-	case <-e.closing:
+	case <-e.draining:
 		return errorf(ErrUnavailable, "the coordinator is shutting down; resume from your last seq")
 	}
 }

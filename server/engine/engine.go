@@ -93,10 +93,11 @@ type Engine struct {
 	ids    []string          // sorted run ids, for ListRuns
 	tokens map[string]string // sha256(token) -> run id
 
-	failed  atomic.Pointer[error] // set once a commit failed
-	closed  atomic.Bool
-	closing chan struct{}
-	sweep   clock.Timer // the next purge of finished runs; guarded by mu
+	failed    atomic.Pointer[error] // set once a commit failed
+	closed    atomic.Bool
+	draining  chan struct{} // closed by EndLongCalls (and Close)
+	drainOnce sync.Once
+	sweep     clock.Timer // the next purge of finished runs; guarded by mu
 }
 
 // New loads every run from st and re-arms its timers.
@@ -104,7 +105,7 @@ func New(ctx context.Context, st *store.DB, opts Options) (*Engine, error) {
 	opts.setDefaults()
 	e := &Engine{
 		opts: opts, clk: opts.Clock, st: st, log: opts.Logger, policy: opts.Policy, obs: opts.Observer,
-		runs: map[string]*runState{}, tokens: map[string]string{}, closing: make(chan struct{}),
+		runs: map[string]*runState{}, tokens: map[string]string{}, draining: make(chan struct{}),
 	}
 	data, err := st.Load(ctx)
 	if err != nil {
@@ -132,7 +133,7 @@ func (e *Engine) Close() {
 	if e.closed.Swap(true) {
 		return
 	}
-	close(e.closing)
+	e.EndLongCalls()
 	e.mu.RLock()
 	defer e.mu.RUnlock()
 	if e.sweep != nil {
@@ -144,6 +145,13 @@ func (e *Engine) Close() {
 		r.mu.Unlock()
 	}
 }
+
+// EndLongCalls ends every command stream, long poll and run watch, open or
+// started later, with ErrUnavailable; other calls go on. A graceful
+// shutdown calls it first, since the gRPC server waits for every open call.
+// The engine ends its own waits so that the gRPC layer need not wrap each
+// of thousands of streams in a cancellable context for the purpose.
+func (e *Engine) EndLongCalls() { e.drainOnce.Do(func() { close(e.draining) }) }
 
 // Healthy is nil while the engine can commit; after a failed commit it is
 // the cause, and every call fails with ErrUnavailable.

@@ -23,13 +23,24 @@ var errUnavailable = status.Error(codes.Unavailable, "server is shutting down; r
 // streams, they would hold GracefulStop for the whole drain timeout.
 var longPolls = map[string]bool{v1.WorkerService_PollCommands_FullMethodName: true}
 
+// engineLongCalls are the long-lived RPCs the engine itself ends at
+// shutdown (Engine.EndLongCalls): with thousands of command streams open,
+// a cancellable context per stream costs about 1 KiB each.
+var engineLongCalls = map[string]bool{
+	v1.WorkerService_StreamCommands_FullMethodName: true,
+	v1.WorkerService_PollCommands_FullMethodName:   true,
+	v1.RunService_WatchRun_FullMethodName:          true,
+}
+
 // drainer ends long-lived RPCs when shutdown starts. GracefulStop waits for
 // every open RPC, and streams (WatchRun, StreamCommands, health Watch) never
 // end by themselves, so without this every shutdown would take the whole
-// drain timeout and then cut the short RPCs off too.
+// drain timeout and then cut the short RPCs off too. Methods in exempt end
+// by other means.
 type drainer struct {
-	ctx   context.Context
-	start func()
+	ctx    context.Context
+	start  func()
+	exempt map[string]bool
 }
 
 func newDrainer() *drainer {
@@ -38,7 +49,7 @@ func newDrainer() *drainer {
 }
 
 func (d *drainer) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	if !longPolls[info.FullMethod] {
+	if !longPolls[info.FullMethod] || d.exempt[info.FullMethod] {
 		return handler(ctx, req)
 	}
 	ctx, release := d.bind(ctx)
@@ -51,6 +62,9 @@ func (d *drainer) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo
 }
 
 func (d *drainer) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	if d.exempt[info.FullMethod] {
+		return handler(srv, ss)
+	}
 	ctx, release := d.bind(ss.Context())
 	defer release()
 	wrapped := middleware.WrapServerStream(ss)

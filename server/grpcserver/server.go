@@ -35,6 +35,9 @@ type Server struct {
 	health *health.Server
 	drain  *drainer
 	log    *slog.Logger
+	// endLongCalls ends the long calls the engine serves (see
+	// engineLongCalls) when shutdown starts; the drainer ends the others.
+	endLongCalls func()
 
 	mu        sync.Mutex
 	stopping  bool
@@ -46,10 +49,15 @@ type Server struct {
 // New builds a server answering RunService and WorkerService from eng. It
 // reports NOT_SERVING until Serve is called.
 func New(cfg Config, eng *engine.Engine, logger *slog.Logger) (*Server, error) {
-	return newServer(cfg, logger, func(r grpc.ServiceRegistrar) {
+	s, err := newServer(cfg, logger, func(r grpc.ServiceRegistrar) {
 		v1.RegisterRunServiceServer(r, transport.NewRunServer(eng, logger))
 		v1.RegisterWorkerServiceServer(r, transport.NewWorkerServer(eng, logger))
 	})
+	if err != nil {
+		return nil, err
+	}
+	s.endLongCalls, s.drain.exempt = eng.EndLongCalls, engineLongCalls
+	return s, nil
 }
 
 // newServer is New with the snapcoord services supplied by register, so
@@ -156,6 +164,9 @@ func (s *Server) beginStop() {
 	// racing Serve cannot flip the status back.
 	s.health.Shutdown()
 	s.mu.Unlock()
+	if s.endLongCalls != nil {
+		s.endLongCalls()
+	}
 	s.drain.start()
 	go func() {
 		s.grpc.GracefulStop()

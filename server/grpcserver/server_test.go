@@ -66,18 +66,43 @@ func TestShutdownEndsStreamsWithUnavailable(t *testing.T) {
 	if _, err := watch.Recv(); err != nil {
 		t.Fatalf("WatchRun first event: %v", err)
 	}
+	reg, err := ts.workers.RegisterWorker(t.Context(), &v1.RegisterWorkerRequest{
+		RunId: "watched", Role: v1.WorkerRole_WORKER_ROLE_ENVIRONMENT, Name: "env-0",
+	})
+	if err != nil {
+		t.Fatalf("RegisterWorker: %v", err)
+	}
+	cmds, err := ts.workers.StreamCommands(t.Context(), &v1.StreamCommandsRequest{RunId: "watched", WorkerId: reg.GetWorkerId(),
+		AfterSeq: reg.GetLastCommandSeq()})
+	if err != nil {
+		t.Fatalf("StreamCommands: %v", err)
+	}
+	// health Watch is ended by the drainer, the engine's streams by the engine.
+	healthWatch, err := ts.health.Watch(t.Context(), &healthpb.HealthCheckRequest{})
+	if err != nil {
+		t.Fatalf("health Watch: %v", err)
+	}
+	if _, err := healthWatch.Recv(); err != nil {
+		t.Fatalf("health Watch first status: %v", err)
+	}
 
 	shutdown(t, ts.srv)
 
-	for {
-		_, err := watch.Recv()
-		if err == nil {
-			continue // backlog sent before the shutdown
+	for name, recv := range map[string]func() error{
+		"WatchRun":       func() error { _, err := watch.Recv(); return err },
+		"StreamCommands": func() error { _, err := cmds.Recv(); return err },
+		"health Watch":   func() error { _, err := healthWatch.Recv(); return err },
+	} {
+		for {
+			err := recv()
+			if err == nil {
+				continue // sent before the shutdown (a backlog, NOT_SERVING)
+			}
+			if status.Code(err) != codes.Unavailable {
+				t.Errorf("%s after Shutdown: %v, want UNAVAILABLE", name, err)
+			}
+			break
 		}
-		if status.Code(err) != codes.Unavailable {
-			t.Errorf("WatchRun after Shutdown: %v, want UNAVAILABLE", err)
-		}
-		break
 	}
 }
 

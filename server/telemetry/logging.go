@@ -23,9 +23,6 @@ const (
 // examples do.
 func slogLogger(l *slog.Logger) logging.Logger {
 	return logging.LoggerFunc(func(ctx context.Context, lvl logging.Level, msg string, fields ...any) {
-		if lvl == logging.LevelInfo && routine(fields) {
-			lvl = logging.LevelDebug
-		}
 		l.Log(ctx, slog.Level(lvl), msg, fields...)
 	})
 }
@@ -36,24 +33,14 @@ func slogLogger(l *slog.Logger) logging.Logger {
 // their failures keep their level.
 var routineMethods = map[string]bool{"Heartbeat": true, "PollCommands": true}
 
-func routine(fields []any) bool {
-	for i := 0; i+1 < len(fields); i += 2 {
-		if fields[i] == "grpc.method" {
-			m, _ := fields[i+1].(string)
-			return routineMethods[m]
-		}
-	}
-	return false
-}
-
 // loggingOptions log one line per finished RPC. Payloads are never logged
 // (a CreateRun response carries the run token), and neither is metadata
 // (the authorization header): only the fields listed above and the ids
 // taken from the request.
-func loggingOptions() []logging.Option {
+func loggingOptions(levels logging.CodeToLevel) []logging.Option {
 	return []logging.Option{
 		logging.WithLogOnEvents(logging.FinishCall),
-		logging.WithLevels(rpcLevel),
+		logging.WithLevels(levels),
 		logging.WithFieldsFromContextAndCallMeta(func(ctx context.Context, c interceptors.CallMeta) logging.Fields {
 			return append(replayedFields(ctx), requestFields(c.ReqOrNil)...)
 		}),
@@ -70,6 +57,14 @@ func rpcLevel(code codes.Code) logging.Level {
 	return logging.DefaultServerCodeToLevel(code)
 }
 
+// routineLevel is rpcLevel for routine methods: success is debug.
+func routineLevel(code codes.Code) logging.Level {
+	if code == codes.OK {
+		return logging.LevelDebug
+	}
+	return rpcLevel(code)
+}
+
 // RPCLoggingUnary logs each finished unary RPC: method, code, duration and
 // the request's run_id and worker_id.
 //
@@ -79,10 +74,14 @@ func rpcLevel(code codes.Code) logging.Level {
 // through the same interceptor afterwards, with the call's own start time
 // and duration.
 func RPCLoggingUnary(l *slog.Logger) grpc.UnaryServerInterceptor {
-	log := logging.UnaryServerInterceptor(slogLogger(l), loggingOptions()...)
+	log := logging.UnaryServerInterceptor(slogLogger(l), loggingOptions(rpcLevel)...)
+	logRoutine := logging.UnaryServerInterceptor(slogLogger(l), loggingOptions(routineLevel)...)
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		if !routineMethods[methodName(info.FullMethod)] || l.Enabled(ctx, slog.LevelDebug) {
+		if !routineMethods[methodName(info.FullMethod)] {
 			return log(ctx, req, info, handler)
+		}
+		if l.Enabled(ctx, slog.LevelDebug) {
+			return logRoutine(ctx, req, info, handler)
 		}
 		start := time.Now()
 		resp, err := handler(ctx, req)
@@ -90,7 +89,7 @@ func RPCLoggingUnary(l *slog.Logger) grpc.UnaryServerInterceptor {
 			return resp, nil
 		}
 		ctx = context.WithValue(ctx, timingKey{}, timing{start: start, took: time.Since(start)})
-		return log(ctx, req, info, func(context.Context, any) (any, error) { return resp, err })
+		return logRoutine(ctx, req, info, func(context.Context, any) (any, error) { return resp, err })
 	}
 }
 
@@ -130,7 +129,7 @@ func replayedFields(ctx context.Context) logging.Fields {
 // stream's whole life: about 1 KiB of heap for each of thousands of parked
 // command streams, which the garbage collector's headroom roughly doubles.
 func RPCLoggingStream(l *slog.Logger) grpc.StreamServerInterceptor {
-	log := logging.StreamServerInterceptor(slogLogger(l), loggingOptions()...)
+	log := logging.StreamServerInterceptor(slogLogger(l), loggingOptions(rpcLevel)...)
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 		start := time.Now()
 		rs := &firstRequestStream{ServerStream: ss}

@@ -19,7 +19,6 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
@@ -419,25 +418,29 @@ func TestTracesExportedWithOTLP(t *testing.T) {
 	}
 }
 
-// A worker's routine calls log at debug when they succeed, so that info
-// stays readable with thousands of workers; their failures and every other
-// call keep their level.
+// With debug on, a routine call that succeeds logs at debug; one that
+// fails keeps its level (a NOT_FOUND heartbeat is info, like any other
+// call's), and other calls log at info.
 func TestRoutineCallsLogAtDebug(t *testing.T) {
 	var buf bytes.Buffer
-	log := slogLogger(slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug})))
-	ctx := context.Background()
-	log.Log(ctx, logging.LevelInfo, "finished call", "grpc.method", "Heartbeat")
-	log.Log(ctx, logging.LevelWarn, "finished call", "grpc.method", "PollCommands")
-	log.Log(ctx, logging.LevelInfo, "finished call", "grpc.method", "CompleteStep")
-	var levels []string
-	for _, line := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
-		var rec struct{ Level string }
-		if err := json.Unmarshal([]byte(line), &rec); err != nil {
-			t.Fatal(err)
-		}
-		levels = append(levels, rec.Level)
+	intercept := RPCLoggingUnary(slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	for _, c := range []struct {
+		method string
+		err    error
+	}{
+		{"Heartbeat", nil},
+		{"PollCommands", status.Error(codes.Unavailable, "shutting down")},
+		{"CompleteStep", nil},
+		{"Heartbeat", status.Error(codes.NotFound, "worker_id: not registered")},
+	} {
+		info := &grpc.UnaryServerInfo{FullMethod: "/snapcoord.v1.WorkerService/" + c.method}
+		_, _ = intercept(t.Context(), &v1.HeartbeatRequest{}, info, func(context.Context, any) (any, error) { return nil, c.err })
 	}
-	if want := []string{"DEBUG", "WARN", "INFO"}; !slices.Equal(levels, want) {
+	var levels []string
+	for _, l := range parseLines(t, buf.String()) {
+		levels = append(levels, fmt.Sprint(l["level"]))
+	}
+	if want := []string{"DEBUG", "WARN", "INFO", "INFO"}; !slices.Equal(levels, want) {
 		t.Fatalf("levels %v, want %v", levels, want)
 	}
 }

@@ -258,6 +258,11 @@ func TestDeferredFinalize(t *testing.T) {
 			if len(h.snapshots("r")) != 0 || len(h.commands("r", envs[0])) != 0 {
 				t.Fatal("SaveAtDeadline before the checkpoint was published")
 			}
+			// A rank's process restarted now must still see the command.
+			publish := h.commands("r", ranks[0])[0]
+			if reg := h.registerAgain("r", "rank-aa", 0); reg.ResumeAfterSeq != publish.Seq-1 {
+				t.Fatalf("a rank restarted before publishing resumes after %d, want %d (before PublishCheckpoint)", reg.ResumeAfterSeq, publish.Seq-1)
+			}
 			if restart {
 				h.restart()
 				h.wantState("r", v1.RunState_RUN_STATE_SAVING)
@@ -271,6 +276,9 @@ func TestDeferredFinalize(t *testing.T) {
 			run = h.wantState("r", v1.RunState_RUN_STATE_SNAPSHOTTING)
 			if run.LastPublishedStep != 2 {
 				t.Fatalf("last_published_step %d after PUBLISHED", run.LastPublishedStep)
+			}
+			if reg := h.registerAgain("r", "rank-aa", 0); reg.ResumeAfterSeq != reg.LastCommandSeq {
+				t.Fatalf("a rank restarted after publishing resumes after %d, want the end %d", reg.ResumeAfterSeq, reg.LastCommandSeq)
 			}
 			cmd := h.saveAtDeadline("r", envs...)
 			if cmd.AnchorStep != 2 {

@@ -106,6 +106,17 @@ func (h *harness) register(run string, role v1.WorkerRole, name string, rank int
 	return resp.WorkerId
 }
 
+// registerAgain registers a trainer rank's name again, as its restarted
+// process does.
+func (h *harness) registerAgain(run, name string, rank int32) *v1.RegisterWorkerResponse {
+	h.t.Helper()
+	resp, err := h.e.RegisterWorker(h.ctx, &v1.RegisterWorkerRequest{RunId: run, Role: v1.WorkerRole_WORKER_ROLE_TRAINER, Name: name, Rank: rank})
+	if err != nil {
+		h.t.Fatalf("RegisterWorker %s again: %v", name, err)
+	}
+	return resp
+}
+
 func (h *harness) trainers(run string, n int) []string {
 	ids := make([]string, n)
 	for i := range ids {

@@ -127,23 +127,48 @@ func (m *mut) register(req *v1.RegisterWorkerRequest) (*workerState, error) {
 }
 
 // resumeAfter is where a worker registering starts reading commands: the
-// end of the log, or just before the command of a snapshot in flight that
-// still waits for its report. A worker process that restarts in the middle
-// of a save (SaveAtDeadline above all) must still do it.
+// end of the log, or just before a command that still waits for this
+// worker. A worker process that restarts in the middle of a save must still
+// do it: an environment worker the snapshot in flight still expects a
+// report from (SaveAtDeadline above all), a trainer rank while the fired
+// step's checkpoint waits to be published (deferred finalize).
 func (r *runState) resumeAfter(w *workerState) int64 {
-	s := r.snapshots[r.rec.ActiveSnapshotId]
-	if s == nil {
-		return r.rec.LastCommandSeq
-	}
-	if _, waiting := r.reportIndex(s).waiting[w.w.WorkerId]; !waiting {
+	pending := r.pendingFor(w)
+	if pending == nil {
 		return r.rec.LastCommandSeq
 	}
 	for i := len(r.commands) - 1; i >= 0; i-- {
-		if c := r.commands[i]; c.GetSnapshot().GetSnapshotId() == s.SnapshotId || c.GetSaveAtDeadline().GetSnapshotId() == s.SnapshotId {
-			return c.Seq - 1
+		if pending(r.commands[i]) {
+			return r.commands[i].Seq - 1
 		}
 	}
 	return r.rec.LastCommandSeq
+}
+
+// pendingFor matches the command still waiting for w, if any.
+func (r *runState) pendingFor(w *workerState) func(*v1.Command) bool {
+	switch w.w.Role {
+	case v1.WorkerRole_WORKER_ROLE_ENVIRONMENT:
+		s := r.snapshots[r.rec.ActiveSnapshotId]
+		if s == nil {
+			return nil
+		}
+		if _, waiting := r.reportIndex(s).waiting[w.w.WorkerId]; !waiting {
+			return nil
+		}
+		return func(c *v1.Command) bool {
+			return c.GetSnapshot().GetSnapshotId() == s.SnapshotId || c.GetSaveAtDeadline().GetSnapshotId() == s.SnapshotId
+		}
+	case v1.WorkerRole_WORKER_ROLE_TRAINER:
+		step := r.rec.Run.FiredAtStep
+		if !r.rec.PublishRequested || r.terminal() || r.steps[step].GetPublished() {
+			return nil
+		}
+		return func(c *v1.Command) bool {
+			return c.GetPublishCheckpoint() != nil && c.GetPublishCheckpoint().GetStep() == step
+		}
+	}
+	return nil
 }
 
 // workerID names a run's nth worker. The run's tag keeps ids unique across

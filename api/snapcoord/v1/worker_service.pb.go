@@ -181,9 +181,11 @@ type RegisterWorkerResponse struct {
 	// may start from 0 (to see what was already issued) or from here.
 	LastCommandSeq int64 `protobuf:"varint,6,opt,name=last_command_seq,json=lastCommandSeq,proto3" json:"last_command_seq,omitempty"`
 	// Where to start reading commands (after_seq): last_command_seq, unless a
-	// snapshot in flight still expects this worker's report (its process
-	// restarted in the middle of it); then just before that snapshot's
-	// command, so that the new process does its part.
+	// command still waits for this worker (its process restarted in the
+	// middle of a save): the command of a snapshot in flight that expects its
+	// report, or, for a trainer rank, the PublishCheckpoint of the fired step
+	// while it is not published. Then just before that command, so that the
+	// new process does its part.
 	ResumeAfterSeq int64 `protobuf:"varint,7,opt,name=resume_after_seq,json=resumeAfterSeq,proto3" json:"resume_after_seq,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache

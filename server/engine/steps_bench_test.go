@@ -51,6 +51,7 @@ func BenchmarkCompleteStep(b *testing.B) {
 	}
 	var left atomic.Int64
 	left.Store(int64(b.N))
+	before := liveHeap()
 	b.ReportAllocs()
 	b.ResetTimer()
 	var wg sync.WaitGroup
@@ -67,4 +68,16 @@ func BenchmarkCompleteStep(b *testing.B) {
 	}
 	wg.Wait()
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "calls/s")
+	b.StopTimer()
+	// What a long run keeps in memory for every step it has taken (the step
+	// record with its decision, and the decision's event).
+	steps := int64(0)
+	for r := range runs {
+		run, err := eng.GetRun(ctx, &v1.GetRunRequest{RunId: fmt.Sprintf("steps-%d", r)})
+		if err != nil {
+			b.Fatal(err)
+		}
+		steps += run.Run.LastStep
+	}
+	b.ReportMetric(float64(liveHeap()-before)/float64(steps), "retained-B/step")
 }

@@ -266,6 +266,16 @@ func turnSpec(ranks int32, budget string) *v1.RunSpec {
 	}
 }
 
+// intervalSpec is one trainer rank, a snapshot attempt every minute, a
+// snapshot timeout of 30 s and the given max_consecutive_failures.
+func intervalSpec(maxFailures int32) *v1.RunSpec {
+	return &v1.RunSpec{
+		TrainerWorldSize: 1,
+		RolloutCheckpointing: &v1.RolloutCheckpointingSpec{SnapshotAttemptIntervalS: ptr[int32](60),
+			SnapshotTimeoutS: 30, MaxConsecutiveFailures: maxFailures},
+	}
+}
+
 // reportMsg is report with the worker's message.
 func (h *harness) reportMsg(run, worker, snap string, outcome v1.SnapshotOutcome, sec float64, msg string) error {
 	_, err := h.e.ReportSnapshot(h.ctx, &v1.ReportSnapshotRequest{RunId: run, WorkerId: worker, SnapshotId: snap,

@@ -211,11 +211,7 @@ func TestIntervalPump(t *testing.T) {
 // a SAVED in between resets the count, a SKIPPED neither resets nor counts.
 func TestMaxConsecutiveFailures(t *testing.T) {
 	h := newHarness(t)
-	h.create("r", &v1.RunSpec{
-		TrainerWorldSize: 1,
-		RolloutCheckpointing: &v1.RolloutCheckpointingSpec{SnapshotAttemptIntervalS: ptr[int32](60),
-			SnapshotTimeoutS: 30, MaxConsecutiveFailures: 3},
-	})
+	h.create("r", intervalSpec(3))
 	ranks := h.trainers("r", 1)
 	envs := h.envs("r", 2)
 	alive := append(ranks, envs...)
@@ -345,11 +341,7 @@ func TestLostEnvWorkerDoesNotHoldUpSnapshot(t *testing.T) {
 // A live worker that does not report still counts.
 func TestLostWorkersDoNotCountAsSnapshotFailures(t *testing.T) {
 	h := newHarness(t)
-	h.create("r", &v1.RunSpec{
-		TrainerWorldSize: 1,
-		RolloutCheckpointing: &v1.RolloutCheckpointingSpec{SnapshotAttemptIntervalS: ptr[int32](60),
-			SnapshotTimeoutS: 30, MaxConsecutiveFailures: 1},
-	})
+	h.create("r", intervalSpec(1))
 	ranks := h.trainers("r", 1)
 	envs := h.envs("r", 3)
 
@@ -535,11 +527,7 @@ func TestListSnapshotsPages(t *testing.T) {
 // report of a worker stands; in a terminal run only its retry is accepted.
 func TestCompletedSnapshotReports(t *testing.T) {
 	h := newHarness(t)
-	h.create("r", &v1.RunSpec{
-		TrainerWorldSize: 1,
-		RolloutCheckpointing: &v1.RolloutCheckpointingSpec{SnapshotAttemptIntervalS: ptr[int32](60),
-			SnapshotTimeoutS: 30, MaxConsecutiveFailures: 5},
-	})
+	h.create("r", intervalSpec(5))
 	ranks := h.trainers("r", 1)
 	envs := h.envs("r", 4)
 	alive := append(ranks, envs...)

@@ -3,7 +3,9 @@ package store
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"fmt"
+	"math"
 	"slices"
 
 	bolt "go.etcd.io/bbolt"
@@ -13,24 +15,32 @@ import (
 	snapcoordv1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 )
 
-// RunData is everything stored for one run.
+// RunData is what Load reads of one run: everything but its older steps.
 type RunData struct {
-	Record    *storagev1.RunRecord
-	Steps     []*storagev1.StepRecord // by step
+	Record *storagev1.RunRecord
+	// Steps are the run's latest steps, by step: those numbered above
+	// last_step - recentSteps, and the step its deadline fired at. Step
+	// reads an older one.
+	Steps     []*storagev1.StepRecord
 	Workers   []*snapcoordv1.Worker   // by worker id
 	Snapshots []*snapcoordv1.Snapshot // by snapshot id; in flight: with their reports in the order reported; completed: summaries (see loadReports)
 	Events    []*snapcoordv1.RunEvent // by seq
 	Commands  []*snapcoordv1.Command  // by seq
 }
 
-// Load reads every run, sorted by run id, in one read transaction. A record
-// that does not unmarshal, or belongs to no stored run, is an error: skipping
-// it would silently drop state.
-func (db *DB) Load(ctx context.Context) ([]*RunData, error) {
+// AllSteps makes Load read every step of every run.
+const AllSteps int64 = math.MaxInt64
+
+// Load reads every run, sorted by run id, in one read transaction, with
+// its latest recentSteps steps (see RunData.Steps): a long run's thousands
+// of older steps would otherwise all be held in memory. A record that does
+// not unmarshal, or belongs to no stored run, is an error: skipping it would
+// silently drop state.
+func (db *DB) Load(ctx context.Context, recentSteps int64) ([]*RunData, error) {
 	var runs []*RunData
 	err := db.bolt.View(func(tx *bolt.Tx) error {
 		var err error
-		runs, err = loadTx(ctx, tx)
+		runs, err = loadTx(ctx, tx, recentSteps)
 		return err
 	})
 	if err != nil {
@@ -39,15 +49,13 @@ func (db *DB) Load(ctx context.Context) ([]*RunData, error) {
 	return runs, nil
 }
 
-func loadTx(ctx context.Context, tx *bolt.Tx) ([]*RunData, error) {
+func loadTx(ctx context.Context, tx *bolt.Tx, recentSteps int64) ([]*RunData, error) {
 	runs, byID, err := loadRuns(tx)
 	if err != nil {
 		return nil, err
 	}
 	children := []func() error{
-		func() error {
-			return loadChildren(tx, bucketSteps, byID, func(rd *RunData, m *storagev1.StepRecord) { rd.Steps = append(rd.Steps, m) })
-		},
+		func() error { return loadSteps(tx, byID, recentSteps) },
 		func() error {
 			return loadChildren(tx, bucketWorkers, byID, func(rd *RunData, m *snapcoordv1.Worker) { rd.Workers = append(rd.Workers, m) })
 		},
@@ -73,6 +81,46 @@ func loadTx(ctx context.Context, tx *bolt.Tx) ([]*RunData, error) {
 		return nil, err
 	}
 	return runs, nil
+}
+
+// loadSteps reads the steps RunData.Steps promises. Every key is still
+// checked against its run; only the records kept are unmarshalled.
+func loadSteps(tx *bolt.Tx, byID map[string]*RunData, recentSteps int64) error {
+	return forEachChild(tx, bucketSteps, byID, func(rd *RunData, k, v []byte) error {
+		run := rd.Record.GetRun()
+		n := k[bytes.IndexByte(k, keySep)+1:]
+		if len(n) != 8 {
+			return fmt.Errorf("store: bucket %s key %q: not a step number", bucketSteps, k)
+		}
+		step := int64(binary.BigEndian.Uint64(n))
+		if step <= run.GetLastStep()-recentSteps && step != run.GetFiredAtStep() {
+			return nil
+		}
+		st := &storagev1.StepRecord{}
+		if err := proto.Unmarshal(v, st); err != nil {
+			return fmt.Errorf("store: bucket %s key %q: %w", bucketSteps, k, err)
+		}
+		rd.Steps = append(rd.Steps, st)
+		return nil
+	})
+}
+
+// Step reads one step of a run; nil if it is not stored.
+func (db *DB) Step(runID string, step int64) (*storagev1.StepRecord, error) {
+	var st *storagev1.StepRecord
+	err := db.bolt.View(func(tx *bolt.Tx) error {
+		k := seqKey(runID, step)
+		v := tx.Bucket(bucketSteps).Get(k)
+		if v == nil {
+			return nil
+		}
+		st = &storagev1.StepRecord{}
+		if err := proto.Unmarshal(v, st); err != nil {
+			return fmt.Errorf("store: bucket %s key %q: %w", bucketSteps, k, err)
+		}
+		return nil
+	})
+	return st, err
 }
 
 // loadReports attaches each stored report to its snapshot if that snapshot
@@ -216,6 +264,18 @@ func loadChildren[M any, PM interface {
 	*M
 	proto.Message
 }](tx *bolt.Tx, bucket []byte, byID map[string]*RunData, add func(*RunData, PM)) error {
+	return forEachChild(tx, bucket, byID, func(rd *RunData, k, v []byte) error {
+		m := PM(new(M))
+		if err := proto.Unmarshal(v, m); err != nil {
+			return fmt.Errorf("store: bucket %s key %q: %w", bucket, k, err)
+		}
+		add(rd, m)
+		return nil
+	})
+}
+
+// forEachChild calls fn with each record of a per-run bucket and its run.
+func forEachChild(tx *bolt.Tx, bucket []byte, byID map[string]*RunData, fn func(rd *RunData, k, v []byte) error) error {
 	return tx.Bucket(bucket).ForEach(func(k, v []byte) error {
 		i := bytes.IndexByte(k, keySep)
 		if i < 0 {
@@ -225,12 +285,7 @@ func loadChildren[M any, PM interface {
 		if rd == nil {
 			return fmt.Errorf("store: bucket %s key %q: record of unknown run %q", bucket, k, k[:i])
 		}
-		m := PM(new(M))
-		if err := proto.Unmarshal(v, m); err != nil {
-			return fmt.Errorf("store: bucket %s key %q: %w", bucket, k, err)
-		}
-		add(rd, m)
-		return nil
+		return fn(rd, k, v)
 	})
 }
 

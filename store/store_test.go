@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -46,7 +47,7 @@ func mustCommit(t testing.TB, db *DB, b *Batch) {
 
 func mustLoad(t testing.TB, db *DB) []*RunData {
 	t.Helper()
-	runs, err := db.Load(context.Background())
+	runs, err := db.Load(context.Background(), AllSteps)
 	if err != nil {
 		t.Fatalf("Load: %v", err)
 	}
@@ -578,7 +579,7 @@ func TestLoadCorruptRecord(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = db.Load(context.Background())
+	_, err = db.Load(context.Background(), AllSteps)
 	if err == nil || !strings.Contains(err.Error(), "workers") || !strings.Contains(err.Error(), "bad") {
 		t.Fatalf("Load of a corrupt record: %v, want an error naming bucket and key", err)
 	}
@@ -589,7 +590,7 @@ func TestLoadOrphanRecord(t *testing.T) {
 	b := &Batch{}
 	b.PutEvent("ghost", event(1, "x"))
 	mustCommit(t, db, b)
-	if _, err := db.Load(context.Background()); err == nil || !strings.Contains(err.Error(), "ghost") {
+	if _, err := db.Load(context.Background(), AllSteps); err == nil || !strings.Contains(err.Error(), "ghost") {
 		t.Fatalf("Load of a record without a run: %v", err)
 	}
 }
@@ -678,7 +679,7 @@ func TestSnapshotReportsRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	runs, err := db.Load(context.Background())
+	runs, err := db.Load(context.Background(), AllSteps)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -777,5 +778,38 @@ func TestDeleteRun(t *testing.T) {
 	}
 	if r, err := db.SnapshotReport("a", "s1", "w1"); err != nil || r != nil {
 		t.Fatalf("a's report after DeleteRun: %v, %v", r, err)
+	}
+}
+
+// A long run loads with its latest steps and the step its deadline fired
+// at; Step reads the others.
+func TestLoadRecentSteps(t *testing.T) {
+	db := mustOpen(t, tempPath(t), Options{})
+	rec := runRecord("r")
+	rec.Run.LastStep, rec.Run.FiredAtStep = 100, 3
+	b := &Batch{}
+	b.PutRun(rec)
+	for s := int64(1); s <= 100; s++ {
+		b.PutStep("r", &storagev1.StepRecord{Step: s, MaxIterationSeconds: float64(s)})
+	}
+	mustCommit(t, db, b)
+
+	runs, err := db.Load(context.Background(), 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []int64
+	for _, st := range runs[0].Steps {
+		got = append(got, st.Step)
+	}
+	if want := []int64{3, 91, 92, 93, 94, 95, 96, 97, 98, 99, 100}; !slices.Equal(got, want) {
+		t.Errorf("steps loaded: %v, want %v", got, want)
+	}
+	st, err := db.Step("r", 42)
+	if err != nil || st.GetMaxIterationSeconds() != 42 {
+		t.Errorf("Step(42) = %v, %v; want the stored record", st, err)
+	}
+	if st, err := db.Step("r", 101); st != nil || err != nil {
+		t.Errorf("Step(101) = %v, %v; want nil, nil", st, err)
 	}
 }

@@ -18,10 +18,14 @@ func (e *Engine) reportCheckpoint(ctx context.Context, req *v1.ReportCheckpointR
 		if err != nil {
 			return err
 		}
+		st, err := m.step(ctx, req.Step)
+		if err != nil {
+			return err
+		}
 		if req.Phase == v1.CheckpointPhase_CHECKPOINT_PHASE_PUBLISHED {
-			err = m.checkpointPublished(req.Step)
+			err = m.checkpointPublished(req.Step, st)
 		} else {
-			err = m.checkpointSaved(req.Step, w.w.Rank, req.SaveSeconds)
+			err = m.checkpointSaved(req.Step, st, w.w.Rank, req.SaveSeconds)
 		}
 		state = m.r.state()
 		return err
@@ -34,9 +38,8 @@ func (e *Engine) reportCheckpoint(ctx context.Context, req *v1.ReportCheckpointR
 
 // checkpointSaved records one rank's SAVED report; the last rank completes
 // the checkpoint.
-func (m *mut) checkpointSaved(step int64, rank int32, sec float64) error {
+func (m *mut) checkpointSaved(step int64, st *storagev1.StepRecord, rank int32, sec float64) error {
 	r := m.r
-	st := r.steps[step]
 	if st != nil && slices.Contains(st.SavedRanks, rank) {
 		return nil // a retry
 	}
@@ -76,9 +79,8 @@ func (m *mut) checkpointSaved(step int64, rank int32, sec float64) error {
 	return nil
 }
 
-func (m *mut) checkpointPublished(step int64) error {
+func (m *mut) checkpointPublished(step int64, st *storagev1.StepRecord) error {
 	r := m.r
-	st := r.steps[step]
 	if st != nil && st.Published {
 		return nil // a retry, or SAVED already meant published
 	}
@@ -162,7 +164,7 @@ func (m *mut) saveDeadline() time.Time {
 func (m *mut) lateSave(at time.Time) string {
 	r := m.r
 	step := r.rec.Run.FiredAtStep
-	st := r.steps[step]
+	st := r.steps[step] // kept in memory: see trimSteps
 	by := at.UTC().Format(time.RFC3339)
 	if st != nil && st.Saved {
 		return fmt.Sprintf("the checkpoint of step %d was saved by all ranks but not published by %s", step, by)

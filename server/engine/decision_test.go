@@ -178,3 +178,40 @@ func TestLateQuestionBeforeFiredStep(t *testing.T) {
 		t.Fatalf("step 6: %v", d.Action)
 	}
 }
+
+// A long run keeps only its latest steps in memory; older ones are read
+// from the store. A rank asking again about an old step gets its stored
+// decision, and a checkpoint of an old step saved late is recorded and
+// published, across a restart too.
+func TestOldStepsReadFromStore(t *testing.T) {
+	h := newHarness(t)
+	h.create("r", &v1.RunSpec{TrainerWorldSize: 2, Checkpointing: &v1.CheckpointingSpec{CheckpointMustSaveBy: "10:00:00:00"}})
+	ranks := h.trainers("r", 2)
+	first := h.step("r", ranks[0], 1, 1)
+	h.advance(time.Second, "r", ranks...)
+	last := int64(3*stepsKept + 10)
+	for s := int64(1); s <= last; s++ {
+		h.stepAll("r", ranks, s, 1)
+	}
+	decisions := len(h.eventsOf("r", v1.RunEventType_RUN_EVENT_TYPE_DECISION))
+
+	if d := h.step("r", ranks[1], 1, 1); !proto.Equal(d, first) {
+		t.Fatalf("step 1 asked again: %v, first answer %v", d, first)
+	}
+	h.checkpoint("r", ranks[:1], 7, v1.CheckpointPhase_CHECKPOINT_PHASE_SAVED, 3)
+	h.restart()
+	if d := h.step("r", ranks[0], 1, 1); !proto.Equal(d, first) {
+		t.Fatalf("step 1 asked after a restart: %v, first answer %v", d, first)
+	}
+	h.checkpoint("r", ranks[:1], 7, v1.CheckpointPhase_CHECKPOINT_PHASE_SAVED, 3) // a retry
+	if n := len(h.eventsOf("r", v1.RunEventType_RUN_EVENT_TYPE_CHECKPOINT_PUBLISHED)); n != 0 {
+		t.Fatalf("checkpoint of step 7 published with one rank of two saved (%d events)", n)
+	}
+	h.checkpoint("r", ranks[1:], 7, v1.CheckpointPhase_CHECKPOINT_PHASE_SAVED, 3)
+	if run := h.get("r"); run.LastPublishedStep != 7 || run.LastStep != last {
+		t.Fatalf("after both ranks saved step 7: last published %d, last step %d", run.LastPublishedStep, run.LastStep)
+	}
+	if n := len(h.eventsOf("r", v1.RunEventType_RUN_EVENT_TYPE_DECISION)); n != decisions {
+		t.Fatalf("%d DECISION events after old steps were asked again, %d before", n, decisions)
+	}
+}

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"fmt"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -31,15 +32,17 @@ type runState struct {
 	id string
 	mu sync.Mutex
 
-	rec       *storagev1.RunRecord
-	steps     map[int64]*storagev1.StepRecord
-	workers   map[string]*workerState // by worker id
-	byName    map[string]*workerState
-	snapshots map[string]*v1.Snapshot
-	snapOrder []*v1.Snapshot
-	reportIdx map[string]*reportIndex // by snapshot id; see reportIndex
-	events    []*v1.RunEvent          // kept events, by seq
-	commands  []*v1.Command           // the whole command log, by seq
+	rec   *storagev1.RunRecord
+	steps map[int64]*storagev1.StepRecord // the latest; see mut.step
+	// Steps numbered up to stepsOnDiskThrough may be in the store only.
+	stepsOnDiskThrough int64
+	workers            map[string]*workerState // by worker id
+	byName             map[string]*workerState
+	snapshots          map[string]*v1.Snapshot
+	snapOrder          []*v1.Snapshot
+	reportIdx          map[string]*reportIndex // by snapshot id; see reportIndex
+	events             []*v1.RunEvent          // kept events, by seq
+	commands           []*v1.Command           // the whole command log, by seq
 
 	timers   [numTimers]clock.Timer
 	timerGen [numTimers]uint64
@@ -80,6 +83,7 @@ func loadRun(d *store.RunData) *runState {
 	for _, s := range d.Steps {
 		r.steps[s.Step] = s
 	}
+	r.stepsOnDiskThrough = r.rec.Run.LastStep - stepsKept
 	for _, w := range d.Workers {
 		ws := &workerState{w: w}
 		r.workers[w.WorkerId] = ws
@@ -182,6 +186,51 @@ func (m *mut) observe(f func(context.Context)) { m.after = append(m.after, f) }
 func (m *mut) putStep(s *storagev1.StepRecord) {
 	m.r.steps[s.Step] = s
 	m.b.PutStep(m.r.id, s)
+}
+
+// stepsKept is how many of a run's latest steps stay in memory. Ranks ask
+// about the latest step, and report checkpoints of recent ones; a run that
+// steps every second for three days has 260,000 steps, which would
+// otherwise all stay in memory for the life of the process (about 600 bytes
+// each, with their decisions).
+const stepsKept = 64
+
+// step returns the run's record of step; nil if it has none. A step older
+// than the ones kept in memory is read from the store once every commit of
+// the run is done, so the read finds the latest put of it.
+func (m *mut) step(ctx context.Context, step int64) (*storagev1.StepRecord, error) {
+	r := m.r
+	if st, ok := r.steps[step]; ok || step > r.stepsOnDiskThrough {
+		return st, nil
+	}
+	if err := m.e.wait(ctx, r.last); err != nil {
+		return nil, err
+	}
+	st, err := m.e.st.Step(r.id, step)
+	if err != nil {
+		return nil, fmt.Errorf("run %q: %w", r.id, err)
+	}
+	if st != nil {
+		r.steps[step] = st
+	}
+	return st, nil
+}
+
+// trimSteps drops the steps older than the latest stepsKept from memory,
+// once twice that many are held; their records stay in the store. The
+// step the deadline fired at stays: its save is what the run waits for.
+func (m *mut) trimSteps() {
+	r := m.r
+	if len(r.steps) <= 2*stepsKept {
+		return
+	}
+	through := r.rec.Run.LastStep - stepsKept
+	for s := range r.steps {
+		if s <= through && s != r.rec.Run.FiredAtStep {
+			delete(r.steps, s)
+		}
+	}
+	r.stepsOnDiskThrough = max(r.stepsOnDiskThrough, through)
 }
 
 func (m *mut) putWorker(w *workerState) { m.b.PutWorker(m.r.id, w.w) }

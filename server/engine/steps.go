@@ -17,8 +17,9 @@ func (e *Engine) completeStep(ctx context.Context, req *v1.CompleteStepRequest) 
 		if _, err := m.r.worker(req.WorkerId, v1.WorkerRole_WORKER_ROLE_TRAINER, "CompleteStep"); err != nil {
 			return err
 		}
-		d = m.completeStep(req.Step, req.IterationSeconds)
-		return nil
+		var err error
+		d, err = m.completeStep(ctx, req.Step, req.IterationSeconds)
+		return err
 	})
 	if err != nil {
 		return nil, err
@@ -29,21 +30,24 @@ func (e *Engine) completeStep(ctx context.Context, req *v1.CompleteStepRequest) 
 // completeStep records the iteration and returns the step's decision: the
 // stored one if a rank already asked, else a new one, stored before any rank
 // hears it. A terminal run answers STOP without recording anything.
-func (m *mut) completeStep(step int64, iterSeconds float64) *v1.Decision {
+func (m *mut) completeStep(ctx context.Context, step int64, iterSeconds float64) (*v1.Decision, error) {
 	r := m.r
-	st := r.steps[step]
+	st, err := m.step(ctx, step)
+	if err != nil {
+		return nil, err
+	}
 	if st != nil && st.Decision != nil {
 		if !r.terminal() {
 			m.observeIteration(st, iterSeconds)
 		}
-		return st.Decision
+		return st.Decision, nil
 	}
 	if r.terminal() {
 		// Not stored, so made from what no longer changes (the end time and
 		// the final estimates): every rank gets the identical answer, before
 		// or after a restart.
 		return &v1.Decision{Step: step, Action: v1.StepAction_STEP_ACTION_STOP, DecidedAt: r.rec.Run.EndedAt,
-			Inputs: proto.Clone(r.rec.Run.Deadline).(*v1.Deadline), Explanation: "the run is " + stateName(r.state()) + ": stop"}
+			Inputs: proto.Clone(r.rec.Run.Deadline).(*v1.Deadline), Explanation: "the run is " + stateName(r.state()) + ": stop"}, nil
 	}
 	if st == nil {
 		st = &storagev1.StepRecord{Step: step}
@@ -58,12 +62,13 @@ func (m *mut) completeStep(step int64, iterSeconds float64) *v1.Decision {
 	}
 	st.Decision = m.decide(step)
 	m.putStep(st)
+	m.trimSteps()
 	d := st.Decision
 	m.event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_DECISION, Step: step, Decision: d,
 		Message: fmt.Sprintf("step %d: %s", step, d.Explanation)})
 	runID := m.r.id
 	m.observe(func(ctx context.Context) { m.e.obs.Decision(ctx, runID, step, d.Action) })
-	return d
+	return d, nil
 }
 
 func (m *mut) observeIteration(st *storagev1.StepRecord, sec float64) {

@@ -161,6 +161,7 @@ func (r *runState) pendingFor(w *workerState) func(*v1.Command) bool {
 		}
 	case v1.WorkerRole_WORKER_ROLE_TRAINER:
 		step := r.rec.Run.FiredAtStep
+		// The fired step is kept in memory: see trimSteps.
 		if !r.rec.PublishRequested || r.terminal() || r.steps[step].GetPublished() {
 			return nil
 		}

@@ -76,7 +76,7 @@ func BenchmarkLoad(b *testing.B) {
 	ctx := context.Background()
 	b.ResetTimer()
 	for range b.N {
-		if _, err := db.Load(ctx, AllSteps); err != nil {
+		if _, err := db.Load(ctx, Everything); err != nil {
 			b.Fatal(err)
 		}
 	}

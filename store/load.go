@@ -15,32 +15,39 @@ import (
 	snapcoordv1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 )
 
-// RunData is what Load reads of one run: everything but its older steps.
+// RunData is what Load reads of one run: everything but its older steps
+// and events.
 type RunData struct {
 	Record *storagev1.RunRecord
 	// Steps are the run's latest steps, by step: those numbered above
-	// last_step - recentSteps, and the step its deadline fired at. Step
+	// last_step - Window.Steps, and the step its deadline fired at. Step
 	// reads an older one.
 	Steps     []*storagev1.StepRecord
 	Workers   []*snapcoordv1.Worker   // by worker id
 	Snapshots []*snapcoordv1.Snapshot // by snapshot id; in flight: with their reports in the order reported; completed: summaries (see loadReports)
-	Events    []*snapcoordv1.RunEvent // by seq
-	Commands  []*snapcoordv1.Command  // by seq
+	// Events are the run's latest events, by seq: those above
+	// last_event_seq - Window.Events. Events reads older ones.
+	Events   []*snapcoordv1.RunEvent
+	Commands []*snapcoordv1.Command // by seq
 }
 
-// AllSteps makes Load read every step of every run.
-const AllSteps int64 = math.MaxInt64
+// Window says how many of each run's latest steps and events Load reads.
+// A long run's older ones, hundreds of thousands, would otherwise all be
+// held in memory.
+type Window struct{ Steps, Events int64 }
+
+// Everything makes Load read every step and event of every run.
+var Everything = Window{Steps: math.MaxInt64, Events: math.MaxInt64}
 
 // Load reads every run, sorted by run id, in one read transaction, with
-// its latest recentSteps steps (see RunData.Steps): a long run's thousands
-// of older steps would otherwise all be held in memory. A record that does
-// not unmarshal, or belongs to no stored run, is an error: skipping it would
+// its steps and events in the window (see RunData). A record that does not
+// unmarshal, or belongs to no stored run, is an error: skipping it would
 // silently drop state.
-func (db *DB) Load(ctx context.Context, recentSteps int64) ([]*RunData, error) {
+func (db *DB) Load(ctx context.Context, w Window) ([]*RunData, error) {
 	var runs []*RunData
 	err := db.bolt.View(func(tx *bolt.Tx) error {
 		var err error
-		runs, err = loadTx(ctx, tx, recentSteps)
+		runs, err = loadTx(ctx, tx, w)
 		return err
 	})
 	if err != nil {
@@ -49,13 +56,18 @@ func (db *DB) Load(ctx context.Context, recentSteps int64) ([]*RunData, error) {
 	return runs, nil
 }
 
-func loadTx(ctx context.Context, tx *bolt.Tx, recentSteps int64) ([]*RunData, error) {
+func loadTx(ctx context.Context, tx *bolt.Tx, w Window) ([]*RunData, error) {
 	runs, byID, err := loadRuns(tx)
 	if err != nil {
 		return nil, err
 	}
 	children := []func() error{
-		func() error { return loadSteps(tx, byID, recentSteps) },
+		func() error {
+			return loadLatest(tx, bucketSteps, byID, func(rd *RunData, step int64) bool {
+				run := rd.Record.GetRun()
+				return step > run.GetLastStep()-w.Steps || step == run.GetFiredAtStep()
+			}, func(rd *RunData, m *storagev1.StepRecord) { rd.Steps = append(rd.Steps, m) })
+		},
 		func() error {
 			return loadChildren(tx, bucketWorkers, byID, func(rd *RunData, m *snapcoordv1.Worker) { rd.Workers = append(rd.Workers, m) })
 		},
@@ -63,7 +75,9 @@ func loadTx(ctx context.Context, tx *bolt.Tx, recentSteps int64) ([]*RunData, er
 			return loadChildren(tx, bucketSnapshots, byID, func(rd *RunData, m *snapcoordv1.Snapshot) { rd.Snapshots = append(rd.Snapshots, m) })
 		},
 		func() error {
-			return loadChildren(tx, bucketEvents, byID, func(rd *RunData, m *snapcoordv1.RunEvent) { rd.Events = append(rd.Events, m) })
+			return loadLatest(tx, bucketEvents, byID, func(rd *RunData, seq int64) bool {
+				return seq > rd.Record.GetRun().GetLastEventSeq()-w.Events
+			}, func(rd *RunData, m *snapcoordv1.RunEvent) { rd.Events = append(rd.Events, m) })
 		},
 		func() error {
 			return loadChildren(tx, bucketCommands, byID, func(rd *RunData, m *snapcoordv1.Command) { rd.Commands = append(rd.Commands, m) })
@@ -83,26 +97,60 @@ func loadTx(ctx context.Context, tx *bolt.Tx, recentSteps int64) ([]*RunData, er
 	return runs, nil
 }
 
-// loadSteps reads the steps RunData.Steps promises. Every key is still
-// checked against its run; only the records kept are unmarshalled.
-func loadSteps(tx *bolt.Tx, byID map[string]*RunData, recentSteps int64) error {
-	return forEachChild(tx, bucketSteps, byID, func(rd *RunData, k, v []byte) error {
-		run := rd.Record.GetRun()
-		n := k[bytes.IndexByte(k, keySep)+1:]
-		if len(n) != 8 {
-			return fmt.Errorf("store: bucket %s key %q: not a step number", bucketSteps, k)
+// loadLatest reads a per-run bucket keyed by sequence number, keeping the
+// records keep accepts. Every key is still checked against its run; only
+// the records kept are unmarshalled.
+func loadLatest[M any, PM interface {
+	*M
+	proto.Message
+}](tx *bolt.Tx, bucket []byte, byID map[string]*RunData, keep func(*RunData, int64) bool, add func(*RunData, PM)) error {
+	return forEachChild(tx, bucket, byID, func(rd *RunData, k, v []byte) error {
+		n, err := seqOf(bucket, k)
+		if err != nil || !keep(rd, n) {
+			return err
 		}
-		step := int64(binary.BigEndian.Uint64(n))
-		if step <= run.GetLastStep()-recentSteps && step != run.GetFiredAtStep() {
-			return nil
+		m := PM(new(M))
+		if err := proto.Unmarshal(v, m); err != nil {
+			return fmt.Errorf("store: bucket %s key %q: %w", bucket, k, err)
 		}
-		st := &storagev1.StepRecord{}
-		if err := proto.Unmarshal(v, st); err != nil {
-			return fmt.Errorf("store: bucket %s key %q: %w", bucketSteps, k, err)
-		}
-		rd.Steps = append(rd.Steps, st)
+		add(rd, m)
 		return nil
 	})
+}
+
+// seqOf is the sequence number of a seqKey.
+func seqOf(bucket, k []byte) (int64, error) {
+	n := k[bytes.IndexByte(k, keySep)+1:]
+	if len(n) != 8 {
+		return 0, fmt.Errorf("store: bucket %s key %q: not a sequence number", bucket, k)
+	}
+	return int64(binary.BigEndian.Uint64(n)), nil
+}
+
+// Events reads up to limit of the run's stored events after seq after and
+// up to upTo, by seq.
+func (db *DB) Events(runID string, after, upTo int64, limit int) ([]*snapcoordv1.RunEvent, error) {
+	var evs []*snapcoordv1.RunEvent
+	err := db.bolt.View(func(tx *bolt.Tx) error {
+		prefix := runPrefix(runID)
+		c := tx.Bucket(bucketEvents).Cursor()
+		for k, v := c.Seek(seqKey(runID, after+1)); k != nil && bytes.HasPrefix(k, prefix) && len(evs) < limit; k, v = c.Next() {
+			seq, err := seqOf(bucketEvents, k)
+			if err != nil {
+				return err
+			}
+			if seq > upTo {
+				break
+			}
+			ev := &snapcoordv1.RunEvent{}
+			if err := proto.Unmarshal(v, ev); err != nil {
+				return fmt.Errorf("store: bucket %s key %q: %w", bucketEvents, k, err)
+			}
+			evs = append(evs, ev)
+		}
+		return nil
+	})
+	return evs, err
 }
 
 // Step reads one step of a run; nil if it is not stored.

@@ -47,7 +47,7 @@ func mustCommit(t testing.TB, db *DB, b *Batch) {
 
 func mustLoad(t testing.TB, db *DB) []*RunData {
 	t.Helper()
-	runs, err := db.Load(context.Background(), AllSteps)
+	runs, err := db.Load(context.Background(), Everything)
 	if err != nil {
 		t.Fatalf("Load: %v", err)
 	}
@@ -579,7 +579,7 @@ func TestLoadCorruptRecord(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = db.Load(context.Background(), AllSteps)
+	_, err = db.Load(context.Background(), Everything)
 	if err == nil || !strings.Contains(err.Error(), "workers") || !strings.Contains(err.Error(), "bad") {
 		t.Fatalf("Load of a corrupt record: %v, want an error naming bucket and key", err)
 	}
@@ -590,7 +590,7 @@ func TestLoadOrphanRecord(t *testing.T) {
 	b := &Batch{}
 	b.PutEvent("ghost", event(1, "x"))
 	mustCommit(t, db, b)
-	if _, err := db.Load(context.Background(), AllSteps); err == nil || !strings.Contains(err.Error(), "ghost") {
+	if _, err := db.Load(context.Background(), Everything); err == nil || !strings.Contains(err.Error(), "ghost") {
 		t.Fatalf("Load of a record without a run: %v", err)
 	}
 }
@@ -679,7 +679,7 @@ func TestSnapshotReportsRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	runs, err := db.Load(context.Background(), AllSteps)
+	runs, err := db.Load(context.Background(), Everything)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -781,20 +781,23 @@ func TestDeleteRun(t *testing.T) {
 	}
 }
 
-// A long run loads with its latest steps and the step its deadline fired
-// at; Step reads the others.
-func TestLoadRecentSteps(t *testing.T) {
+// A long run loads with its latest steps and events, and the step its
+// deadline fired at; Step and Events read the others.
+func TestLoadWindow(t *testing.T) {
 	db := mustOpen(t, tempPath(t), Options{})
 	rec := runRecord("r")
-	rec.Run.LastStep, rec.Run.FiredAtStep = 100, 3
+	rec.Run.LastStep, rec.Run.FiredAtStep, rec.Run.LastEventSeq = 100, 3, 20
 	b := &Batch{}
 	b.PutRun(rec)
 	for s := int64(1); s <= 100; s++ {
 		b.PutStep("r", &storagev1.StepRecord{Step: s, MaxIterationSeconds: float64(s)})
 	}
+	for seq := int64(1); seq <= 20; seq++ {
+		b.PutEvent("r", event(seq, "x"))
+	}
 	mustCommit(t, db, b)
 
-	runs, err := db.Load(context.Background(), 10)
+	runs, err := db.Load(context.Background(), Window{Steps: 10, Events: 3})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -812,4 +815,37 @@ func TestLoadRecentSteps(t *testing.T) {
 	if st, err := db.Step("r", 101); st != nil || err != nil {
 		t.Errorf("Step(101) = %v, %v; want nil, nil", st, err)
 	}
+	var all []int64
+	for seq := int64(1); seq <= 20; seq++ {
+		all = append(all, seq)
+	}
+	for _, c := range []struct {
+		after, upTo int64
+		limit       int
+		want        []int64
+	}{
+		{0, 20, 100, all},
+		{5, 20, 4, []int64{6, 7, 8, 9}},
+		{16, 18, 10, []int64{17, 18}},
+		{20, 20, 10, nil},
+	} {
+		evs, err := db.Events("r", c.after, c.upTo, c.limit)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := seqs(evs); !slices.Equal(got, c.want) {
+			t.Errorf("Events(after %d, up to %d, limit %d) = %v, want %v", c.after, c.upTo, c.limit, got, c.want)
+		}
+	}
+	if got := seqs(runs[0].Events); !slices.Equal(got, []int64{18, 19, 20}) {
+		t.Errorf("events loaded: %v, want 18, 19, 20", got)
+	}
+}
+
+func seqs(evs []*snapcoordv1.RunEvent) []int64 {
+	var out []int64
+	for _, ev := range evs {
+		out = append(out, ev.Seq)
+	}
+	return out
 }

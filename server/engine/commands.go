@@ -176,7 +176,10 @@ func (e *Engine) watchRun(ctx context.Context, req *v1.WatchRunRequest, send fun
 	after := req.AfterSeq
 	for {
 		changed := r.changed()
-		evs, done := r.eventsAfter(after)
+		evs, done, err := e.eventsAfter(r, after)
+		if err != nil {
+			return err
+		}
 		for _, ev := range evs {
 			if err := send(ev); err != nil {
 				return err
@@ -196,26 +199,41 @@ func (e *Engine) watchRun(ctx context.Context, req *v1.WatchRunRequest, send fun
 }
 
 // eventsAfter returns up to a page of durable events after seq, and whether
-// the run is terminal with every event durable and returned.
-func (r *runState) eventsAfter(after int64) ([]*v1.RunEvent, bool) {
+// the run is terminal with every event durable and returned. Events older
+// than the ones kept in memory are read from the store, under the run's
+// lock so that none leaves memory between the two reads; those dropped
+// beyond --max-events-per-run are skipped.
+func (e *Engine) eventsAfter(r *runState, after int64) ([]*v1.RunEvent, bool, error) {
 	const page = 256
 	upTo := r.durableEvent.Load()
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	i := sort.Search(len(r.events), func(i int) bool { return r.events[i].Seq > after })
+	oldest := r.rec.Run.LastEventSeq + 1
+	if len(r.events) > 0 {
+		oldest = r.events[0].Seq
+	}
 	var out []*v1.RunEvent
-	for _, ev := range r.events[i:] {
-		if ev.Seq > upTo || len(out) == page {
-			break
+	if stored := min(upTo, oldest-1); after < stored {
+		var err error
+		if out, err = e.st.Events(r.id, after, stored, page); err != nil {
+			return nil, false, fmt.Errorf("run %q: %w", r.id, err)
 		}
-		out = append(out, ev)
+	}
+	if len(out) == 0 {
+		i := sort.Search(len(r.events), func(i int) bool { return r.events[i].Seq > after })
+		for _, ev := range r.events[i:] {
+			if ev.Seq > upTo || len(out) == page {
+				break
+			}
+			out = append(out, ev)
+		}
 	}
 	last := after
 	if len(out) > 0 {
 		last = out[len(out)-1].Seq
 	}
 	done := r.terminal() && upTo == r.rec.Run.LastEventSeq && last >= upTo
-	return out, done
+	return out, done, nil
 }
 
 // Snapshot pages: a snapshot carries a report from every environment

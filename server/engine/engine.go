@@ -107,7 +107,7 @@ func New(ctx context.Context, st *store.DB, opts Options) (*Engine, error) {
 		opts: opts, clk: opts.Clock, st: st, log: opts.Logger, policy: opts.Policy, obs: opts.Observer,
 		runs: map[string]*runState{}, tokens: map[string]string{}, draining: make(chan struct{}),
 	}
-	data, err := st.Load(ctx, stepsKept)
+	data, err := st.Load(ctx, store.Window{Steps: stepsKept, Events: eventsKept})
 	if err != nil {
 		return nil, err
 	}

@@ -41,8 +41,10 @@ type runState struct {
 	snapshots          map[string]*v1.Snapshot
 	snapOrder          []*v1.Snapshot
 	reportIdx          map[string]*reportIndex // by snapshot id; see reportIndex
-	events             []*v1.RunEvent          // kept events, by seq
-	commands           []*v1.Command           // the whole command log, by seq
+	events             []*v1.RunEvent          // the latest, by seq; see trimEvents
+	// Events up to here are deleted from the store (--max-events-per-run).
+	eventsDeletedThrough int64
+	commands             []*v1.Command // the whole command log, by seq
 
 	timers   [numTimers]clock.Timer
 	timerGen [numTimers]uint64
@@ -291,14 +293,29 @@ func (m *mut) observed(ctx context.Context) {
 	}
 }
 
+// eventsKept is how many of a run's latest events stay in memory, for
+// watchers following the run; older ones, up to --max-events-per-run, are
+// read from the store by a watcher that asks for them. With a decision event
+// per step, a long run would otherwise hold 100,000 of them (about 90 MB).
+const eventsKept = 256
+
+// trimEvents deletes the events beyond --max-events-per-run from the store,
+// and drops the ones older than the latest eventsKept from memory once
+// twice that many are held.
 func (m *mut) trimEvents() {
-	max := m.e.opts.MaxEventsPerRun
-	if len(m.r.events) <= max {
+	r := m.r
+	through := r.rec.Run.LastEventSeq - int64(m.e.opts.MaxEventsPerRun)
+	if through > r.eventsDeletedThrough {
+		m.b.DeleteEventsThrough(r.id, through)
+		r.eventsDeletedThrough = through
+	}
+	n := len(r.events)
+	if n == 0 || (n <= 2*eventsKept && r.events[0].Seq > through) {
 		return
 	}
-	drop := len(m.r.events) - max
-	m.b.DeleteEventsThrough(m.r.id, m.r.events[drop-1].Seq)
-	m.r.events = append([]*v1.RunEvent(nil), m.r.events[drop:]...)
+	from := max(through, r.rec.Run.LastEventSeq-eventsKept)
+	i := sort.Search(n, func(i int) bool { return r.events[i].Seq > from })
+	r.events = append([]*v1.RunEvent(nil), r.events[i:]...)
 }
 
 // publish makes commands and events visible to streams once durable.

@@ -453,7 +453,7 @@ func (e *fuzzEnv) checkState(t *testing.T, runID string) {
 	}
 	e.accepted++
 	if e.accepted%64 == 0 {
-		if _, err := e.db.Load(ctx, store.AllSteps); err != nil {
+		if _, err := e.db.Load(ctx, store.Everything); err != nil {
 			t.Fatalf("stored state does not load: %v", err)
 		}
 	}

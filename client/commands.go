@@ -79,7 +79,7 @@ func (w *Worker) recover(ctx context.Context, err error, inc int64) error {
 			// Another process took the name (then the worker stops, and
 			// ctx ends), or this one registered again: the next stream
 			// opens for the current incarnation.
-			w.staleStream(ctx, inc, err)
+			_ = w.refused(ctx, inc, err)
 		}
 		return nil
 	case codes.NotFound:

@@ -48,8 +48,12 @@ func (c *Client) StartTrainer(ctx context.Context, cfg TrainerConfig) (*Trainer,
 // returns what to do: keep training, save the checkpoint of this step and
 // stop, or stop. Every rank gets the same decision for the same step.
 func (t *Trainer) CompleteStep(ctx context.Context, step int64, iteration time.Duration) (*v1.Decision, error) {
-	resp, err := t.c.Workers.CompleteStep(ctx, &v1.CompleteStepRequest{
-		RunId: t.cfg.RunID, WorkerId: t.ID(), Step: step, IterationSeconds: iteration.Seconds(),
+	var resp *v1.CompleteStepResponse
+	err := t.fenced(ctx, func(inc int64) (err error) {
+		resp, err = t.c.Workers.CompleteStep(ctx, &v1.CompleteStepRequest{
+			RunId: t.cfg.RunID, WorkerId: t.ID(), Step: step, IterationSeconds: iteration.Seconds(), Incarnation: inc,
+		})
+		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("client: complete step %d: %w", step, err)
@@ -64,8 +68,12 @@ func (t *Trainer) CompleteStep(ctx context.Context, step int64, iteration time.D
 // writing it (save is how long that took; it feeds C), PUBLISHED once
 // step_N is visible (deferred finalize only). Safe to repeat.
 func (t *Trainer) ReportCheckpoint(ctx context.Context, step int64, phase v1.CheckpointPhase, save time.Duration) (v1.RunState, error) {
-	resp, err := t.c.Workers.ReportCheckpoint(ctx, &v1.ReportCheckpointRequest{
-		RunId: t.cfg.RunID, WorkerId: t.ID(), Step: step, Phase: phase, SaveSeconds: save.Seconds(),
+	var resp *v1.ReportCheckpointResponse
+	err := t.fenced(ctx, func(inc int64) (err error) {
+		resp, err = t.c.Workers.ReportCheckpoint(ctx, &v1.ReportCheckpointRequest{
+			RunId: t.cfg.RunID, WorkerId: t.ID(), Step: step, Phase: phase, SaveSeconds: save.Seconds(), Incarnation: inc,
+		})
+		return err
 	})
 	if err != nil {
 		return 0, fmt.Errorf("client: report checkpoint of step %d: %w", step, err)
@@ -75,7 +83,11 @@ func (t *Trainer) ReportCheckpoint(ctx context.Context, step int64, phase v1.Che
 
 // FinishRun says training ended normally: the run becomes COMPLETED.
 func (t *Trainer) FinishRun(ctx context.Context) (v1.RunState, error) {
-	resp, err := t.c.Workers.FinishRun(ctx, &v1.FinishRunRequest{RunId: t.cfg.RunID, WorkerId: t.ID()})
+	var resp *v1.FinishRunResponse
+	err := t.fenced(ctx, func(inc int64) (err error) {
+		resp, err = t.c.Workers.FinishRun(ctx, &v1.FinishRunRequest{RunId: t.cfg.RunID, WorkerId: t.ID(), Incarnation: inc})
+		return err
+	})
 	if err != nil {
 		return 0, fmt.Errorf("client: finish run: %w", err)
 	}

@@ -1,6 +1,7 @@
 package client_test
 
 import (
+	"errors"
 	"testing"
 	"time"
 
@@ -94,5 +95,52 @@ func TestTrainerFinishRun(t *testing.T) {
 	}
 	if stop := nextCommand(t, tr.Worker); stop.GetStop() == nil {
 		t.Fatalf("got %v, want Stop", stop)
+	}
+}
+
+// A trainer process replaced by another under the same rank cannot decide
+// or report anything more: its calls fail with ErrSuperseded and it stops.
+// A process whose own re-registration answer was lost repeats the call
+// under the incarnation it then learns, and it goes through.
+func TestSupersededTrainerCallsAreRefused(t *testing.T) {
+	co := startCoordinator(t)
+	cl := co.createRun("r1", turnSpec(1))
+	old := startTrainer(t, cl, 0)
+	replacement := startTrainer(t, cl, 0)
+
+	if _, err := old.CompleteStep(t.Context(), 1, time.Second); !errors.Is(err, client.ErrSuperseded) {
+		t.Fatalf("old process's CompleteStep: %v, want ErrSuperseded", err)
+	}
+	if _, err := old.ReportCheckpoint(t.Context(), 1, v1.CheckpointPhase_CHECKPOINT_PHASE_SAVED, time.Second); !errors.Is(err, client.ErrSuperseded) {
+		t.Fatalf("old process's ReportCheckpoint: %v, want ErrSuperseded", err)
+	}
+	if _, err := old.FinishRun(t.Context()); !errors.Is(err, client.ErrSuperseded) {
+		t.Fatalf("old process's FinishRun: %v, want ErrSuperseded", err)
+	}
+	select {
+	case _, ok := <-old.Commands():
+		if ok {
+			t.Fatal("the superseded trainer got a command")
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("the superseded trainer still runs after 15 s")
+	}
+	if err := old.Err(); !errors.Is(err, client.ErrSuperseded) {
+		t.Fatalf("Err = %v, want ErrSuperseded", err)
+	}
+
+	// The replacement registers again and loses the answer: the coordinator
+	// holds a newer incarnation than the process knows.
+	inc := replacement.Incarnation()
+	if _, err := cl.Workers.RegisterWorker(t.Context(), &v1.RegisterWorkerRequest{RunId: "r1", Role: v1.WorkerRole_WORKER_ROLE_TRAINER,
+		Name: "rank-0", Rank: 0, Incarnation: inc}); err != nil {
+		t.Fatal(err)
+	}
+	d, err := replacement.CompleteStep(t.Context(), 1, time.Second)
+	if err != nil || d.GetAction() != v1.StepAction_STEP_ACTION_CONTINUE || replacement.Incarnation() != inc+1 {
+		t.Fatalf("replacement's CompleteStep: %v, %v at incarnation %d; want CONTINUE at %d", d, err, replacement.Incarnation(), inc+1)
+	}
+	if err := replacement.Err(); err != nil {
+		t.Fatalf("replacement's Err = %v", err)
 	}
 }

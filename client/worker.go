@@ -180,9 +180,13 @@ func (w *Worker) Polling() bool {
 // ReportSnapshot reports how this environment worker's part of a snapshot
 // ended. Safe to repeat: the coordinator keeps the first report.
 func (w *Worker) ReportSnapshot(ctx context.Context, snapshotID string, outcome v1.SnapshotOutcome, took time.Duration, message string) (v1.RunState, error) {
-	resp, err := w.c.Workers.ReportSnapshot(ctx, &v1.ReportSnapshotRequest{
-		RunId: w.cfg.RunID, WorkerId: w.ID(), SnapshotId: snapshotID,
-		Outcome: outcome, DurationSeconds: took.Seconds(), Message: message,
+	var resp *v1.ReportSnapshotResponse
+	err := w.fenced(ctx, func(inc int64) (err error) {
+		resp, err = w.c.Workers.ReportSnapshot(ctx, &v1.ReportSnapshotRequest{
+			RunId: w.cfg.RunID, WorkerId: w.ID(), SnapshotId: snapshotID,
+			Outcome: outcome, DurationSeconds: took.Seconds(), Message: message, Incarnation: inc,
+		})
+		return err
 	})
 	if err != nil {
 		return 0, fmt.Errorf("client: report snapshot %s: %w", snapshotID, err)
@@ -252,18 +256,38 @@ func (w *Worker) reregisterLocked(ctx context.Context, why string) error {
 	return nil
 }
 
-// staleStream handles a stream or poll refused for the stale incarnation
-// sent: this process registered again since (reopen under the new one), or
+// refused handles a call refused for the stale incarnation sent: this
+// process registered again since (repeat the call under the new one), or
 // another process did. A re-register settles which: the coordinator answers
 // a repeat of this process's own (whose answer was lost) with its
 // registration, and stops a superseded process.
-func (w *Worker) staleStream(ctx context.Context, sent int64, err error) {
+func (w *Worker) refused(ctx context.Context, sent int64, err error) error {
 	w.regMu.Lock()
 	defer w.regMu.Unlock()
 	if w.Incarnation() != sent {
-		return
+		return nil
 	}
-	_ = w.reregisterLocked(ctx, "command stream refused: "+status.Convert(err).Message())
+	return w.reregisterLocked(ctx, "call refused: "+status.Convert(err).Message())
+}
+
+// fenced makes a call that carries the worker's incarnation, so that a
+// process another one has replaced changes nothing. Refused as superseded,
+// it is made once more if this process holds a newer incarnation by then
+// (it registered again meanwhile); if another process does, the worker
+// stops and the error wraps ErrSuperseded.
+func (w *Worker) fenced(ctx context.Context, call func(incarnation int64) error) error {
+	sent := w.Incarnation()
+	err := call(sent)
+	if !superseded(err) {
+		return err
+	}
+	if rerr := w.refused(ctx, sent, err); superseded(rerr) {
+		return fmt.Errorf("%w: %w", ErrSuperseded, err)
+	}
+	if inc := w.Incarnation(); inc != sent {
+		return call(inc)
+	}
+	return err
 }
 
 // superseded reports whether the coordinator refused a call because another

@@ -48,11 +48,8 @@ func (e *Engine) openCursor(runID, workerID string, incarnation int64) (*cursor,
 	if err := r.gone(); err != nil {
 		return nil, err
 	}
-	w, err := r.worker(workerID, v1.WorkerRole_WORKER_ROLE_UNSPECIFIED, "StreamCommands")
+	w, err := r.worker(workerID, incarnation, v1.WorkerRole_WORKER_ROLE_UNSPECIFIED, "StreamCommands")
 	if err != nil {
-		return nil, err
-	}
-	if err := w.current(incarnation); err != nil {
 		return nil, err
 	}
 	return &cursor{e: e, r: r, workerID: workerID, role: w.w.Role, incarnation: w.w.Incarnation}, nil

@@ -137,3 +137,50 @@ func TestRestartedWorkerResumesAtPendingSnapshot(t *testing.T) {
 		t.Fatalf("after its report: resume_after_seq %d, want the end %d", got.ResumeAfterSeq, got.LastCommandSeq)
 	}
 }
+
+// A superseded process's reports are refused too, and change nothing: its
+// snapshot report does not count as its replacement's, its step and
+// checkpoint reports record nothing, and it cannot finish the run.
+func TestStaleReportsAreFenced(t *testing.T) {
+	h := newHarness(t)
+	ranks, envs := h.snapshotInFlight("r", 1)
+	s := h.lastSnapshot("r")
+	oldEnv, oldRank := int64(1), int64(1)
+	env, err := h.e.RegisterWorker(h.ctx, &v1.RegisterWorkerRequest{RunId: "r", Role: v1.WorkerRole_WORKER_ROLE_ENVIRONMENT, Name: "env-aa"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rank := h.registerAgain("r", "rank-aa", 0)
+	if env.WorkerId != envs[0] || rank.WorkerId != ranks[0] || env.Incarnation != oldEnv+1 || rank.Incarnation != oldRank+1 {
+		t.Fatalf("replacements: %v, %v", env, rank)
+	}
+
+	_, err = h.e.ReportSnapshot(h.ctx, &v1.ReportSnapshotRequest{RunId: "r", WorkerId: envs[0], SnapshotId: s.SnapshotId,
+		Outcome: v1.SnapshotOutcome_SNAPSHOT_OUTCOME_IO_ERROR, Message: "old process", Incarnation: oldEnv})
+	wantSuperseded(t, "ReportSnapshot", err)
+	_, err = h.e.CompleteStep(h.ctx, &v1.CompleteStepRequest{RunId: "r", WorkerId: ranks[0], Step: 2, IterationSeconds: 9999, Incarnation: oldRank})
+	wantSuperseded(t, "CompleteStep", err)
+	_, err = h.e.ReportCheckpoint(h.ctx, &v1.ReportCheckpointRequest{RunId: "r", WorkerId: ranks[0], Step: 2,
+		Phase: v1.CheckpointPhase_CHECKPOINT_PHASE_SAVED, Incarnation: oldRank})
+	wantSuperseded(t, "ReportCheckpoint", err)
+	_, err = h.e.FinishRun(h.ctx, &v1.FinishRunRequest{RunId: "r", WorkerId: ranks[0], Incarnation: oldRank})
+	wantSuperseded(t, "FinishRun", err)
+
+	if run := h.get("r"); run.State != v1.RunState_RUN_STATE_RUNNING || run.LastStep != 1 {
+		t.Fatalf("after the old processes' calls: %v at step %d", run.State, run.LastStep)
+	}
+	if n := len(h.lastSnapshot("r").Reports); n != 0 {
+		t.Fatalf("the old process's report was recorded: %d reports", n)
+	}
+	if _, err := h.e.ReportSnapshot(h.ctx, &v1.ReportSnapshotRequest{RunId: "r", WorkerId: envs[0], SnapshotId: s.SnapshotId,
+		Outcome: v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SAVED, Incarnation: env.Incarnation}); err != nil {
+		t.Fatal(err)
+	}
+	if got := h.lastSnapshot("r"); got.Outcome != v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SAVED {
+		t.Fatalf("after the replacement reported: %v, want SAVED", got.Outcome)
+	}
+	d, err := h.e.CompleteStep(h.ctx, &v1.CompleteStepRequest{RunId: "r", WorkerId: ranks[0], Step: 2, IterationSeconds: 10, Incarnation: rank.Incarnation})
+	if err != nil || d.Decision.Inputs.GetIterationSeconds() != 10 {
+		t.Fatalf("the replacement's step 2: %v, %v; want a decision from 10 s iterations", d, err)
+	}
+}

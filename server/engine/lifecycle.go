@@ -261,7 +261,7 @@ func (e *Engine) finishRun(ctx context.Context, req *v1.FinishRunRequest) (*v1.F
 	var state v1.RunState
 	err := e.mutate(ctx, req.RunId, func(m *mut) error {
 		r := m.r
-		if _, err := m.r.worker(req.WorkerId, v1.WorkerRole_WORKER_ROLE_TRAINER, "FinishRun"); err != nil {
+		if _, err := m.r.worker(req.WorkerId, req.Incarnation, v1.WorkerRole_WORKER_ROLE_TRAINER, "FinishRun"); err != nil {
 			return err
 		}
 		state = r.state()

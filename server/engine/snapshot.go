@@ -102,7 +102,7 @@ func (m *mut) armSnapshotTimeout() {
 func (e *Engine) reportSnapshot(ctx context.Context, req *v1.ReportSnapshotRequest) (*v1.ReportSnapshotResponse, error) {
 	var state v1.RunState
 	err := e.mutate(ctx, req.RunId, func(m *mut) error {
-		w, err := m.r.worker(req.WorkerId, v1.WorkerRole_WORKER_ROLE_ENVIRONMENT, "ReportSnapshot")
+		w, err := m.r.worker(req.WorkerId, req.Incarnation, v1.WorkerRole_WORKER_ROLE_ENVIRONMENT, "ReportSnapshot")
 		if err != nil {
 			return err
 		}

@@ -14,7 +14,7 @@ import (
 func (e *Engine) completeStep(ctx context.Context, req *v1.CompleteStepRequest) (*v1.CompleteStepResponse, error) {
 	var d *v1.Decision
 	err := e.mutate(ctx, req.RunId, func(m *mut) error {
-		if _, err := m.r.worker(req.WorkerId, v1.WorkerRole_WORKER_ROLE_TRAINER, "CompleteStep"); err != nil {
+		if _, err := m.r.worker(req.WorkerId, req.Incarnation, v1.WorkerRole_WORKER_ROLE_TRAINER, "CompleteStep"); err != nil {
 			return err
 		}
 		var err error

@@ -18,8 +18,10 @@ import (
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 )
 
-// worker returns the calling worker, checking that its role may make the call.
-func (r *runState) worker(id string, role v1.WorkerRole, rpc string) (*workerState, error) {
+// worker returns the calling worker, checking that its role may make the
+// call and that it is not a superseded process (see current): refused
+// before anything changes.
+func (r *runState) worker(id string, incarnation int64, role v1.WorkerRole, rpc string) (*workerState, error) {
 	w := r.workers[id]
 	if w == nil {
 		return nil, errorf(ErrNotFound, "worker_id: worker %q is not registered in run %q", id, r.id)
@@ -27,6 +29,9 @@ func (r *runState) worker(id string, role v1.WorkerRole, rpc string) (*workerSta
 	if role != v1.WorkerRole_WORKER_ROLE_UNSPECIFIED && w.w.Role != role {
 		return nil, errorf(ErrInvalidArgument, "worker_id: %s is registered as %s; %s is for %s",
 			id, w.w.Role, rpc, roleName(role))
+	}
+	if err := w.current(incarnation); err != nil {
+		return nil, err
 	}
 	return w, nil
 }
@@ -285,11 +290,8 @@ func (m *mut) workerGone() {
 func (e *Engine) heartbeat(ctx context.Context, req *v1.HeartbeatRequest) (*v1.HeartbeatResponse, error) {
 	resp := &v1.HeartbeatResponse{}
 	err := e.mutate(ctx, req.RunId, func(m *mut) error {
-		w, err := m.r.worker(req.WorkerId, v1.WorkerRole_WORKER_ROLE_UNSPECIFIED, "Heartbeat")
+		w, err := m.r.worker(req.WorkerId, req.Incarnation, v1.WorkerRole_WORKER_ROLE_UNSPECIFIED, "Heartbeat")
 		if err != nil {
-			return err
-		}
-		if err := w.current(req.Incarnation); err != nil {
 			return err
 		}
 		if w.w.State == v1.WorkerState_WORKER_STATE_LEFT {
@@ -313,11 +315,8 @@ func (e *Engine) heartbeat(ctx context.Context, req *v1.HeartbeatRequest) (*v1.H
 
 func (e *Engine) deregisterWorker(ctx context.Context, req *v1.DeregisterWorkerRequest) (*v1.DeregisterWorkerResponse, error) {
 	err := e.mutate(ctx, req.RunId, func(m *mut) error {
-		w, err := m.r.worker(req.WorkerId, v1.WorkerRole_WORKER_ROLE_UNSPECIFIED, "DeregisterWorker")
-		if err != nil {
-			return err
-		}
-		if err := w.current(req.Incarnation); err != nil || w.w.State == v1.WorkerState_WORKER_STATE_LEFT {
+		w, err := m.r.worker(req.WorkerId, req.Incarnation, v1.WorkerRole_WORKER_ROLE_UNSPECIFIED, "DeregisterWorker")
+		if err != nil || w.w.State == v1.WorkerState_WORKER_STATE_LEFT {
 			return err
 		}
 		m.leave(w, "deregistered")

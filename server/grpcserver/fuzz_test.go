@@ -533,6 +533,8 @@ func fuzzSeeds() map[string][]seed {
 			{name: "snapshot-saved", method: "ReportSnapshot", anchor: worker(2) | aSnap, req: &v1.ReportSnapshotRequest{Outcome: v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SAVED, DurationSeconds: 12.5}},
 			{name: "snapshot-invariant-failure", method: "ReportSnapshot", anchor: worker(3) | aSnap, req: &v1.ReportSnapshotRequest{Outcome: v1.SnapshotOutcome_SNAPSHOT_OUTCOME_INVARIANT_FAILURE, Message: "turn 7 lost"}},
 			{name: "snapshot-unknown", method: "ReportSnapshot", anchor: worker(2), req: &v1.ReportSnapshotRequest{SnapshotId: "snap-99", Outcome: v1.SnapshotOutcome_SNAPSHOT_OUTCOME_IO_ERROR}},
+			{name: "snapshot-stale-incarnation", method: "ReportSnapshot", anchor: worker(3) | aSnap, req: &v1.ReportSnapshotRequest{Outcome: v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SAVED, Incarnation: 7}},
+			{name: "complete-step-stale-incarnation", method: "CompleteStep", anchor: worker(1), req: &v1.CompleteStepRequest{Step: 4, IterationSeconds: 2, Incarnation: 7}},
 			{name: "finish-run", method: "FinishRun", anchor: worker(0), req: &v1.FinishRunRequest{}},
 			{name: "stream", method: "StreamCommands", anchor: worker(2), req: &v1.StreamCommandsRequest{}},
 			{name: "poll", method: "PollCommands", anchor: worker(3), req: &v1.PollCommandsRequest{WaitSeconds: 1}},

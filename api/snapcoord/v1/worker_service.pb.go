@@ -507,8 +507,13 @@ type CompleteStepRequest struct {
 	Step int64 `protobuf:"varint,3,opt,name=step,proto3" json:"step,omitempty"`
 	// How long this rank's iteration took, in seconds. 0..31536000.
 	IterationSeconds float64 `protobuf:"fixed64,4,opt,name=iteration_seconds,json=iterationSeconds,proto3" json:"iteration_seconds,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The incarnation RegisterWorker returned. If another process has
+	// registered under the worker's name since, the call fails with
+	// FAILED_PRECONDITION and ErrorInfo reason WORKER_SUPERSEDED, and changes
+	// nothing: this process must stop. 0 skips the check.
+	Incarnation   int64 `protobuf:"varint,5,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CompleteStepRequest) Reset() {
@@ -565,6 +570,13 @@ func (x *CompleteStepRequest) GetStep() int64 {
 func (x *CompleteStepRequest) GetIterationSeconds() float64 {
 	if x != nil {
 		return x.IterationSeconds
+	}
+	return 0
+}
+
+func (x *CompleteStepRequest) GetIncarnation() int64 {
+	if x != nil {
+		return x.Incarnation
 	}
 	return 0
 }
@@ -654,7 +666,12 @@ type ReportCheckpointRequest struct {
 	// SAVED (this rank wrote it) or PUBLISHED (step_N is visible).
 	Phase CheckpointPhase `protobuf:"varint,4,opt,name=phase,proto3,enum=snapcoord.v1.CheckpointPhase" json:"phase,omitempty"`
 	// How long the save took on this rank, in seconds; feeds C. 0..2592000.
-	SaveSeconds   float64 `protobuf:"fixed64,5,opt,name=save_seconds,json=saveSeconds,proto3" json:"save_seconds,omitempty"`
+	SaveSeconds float64 `protobuf:"fixed64,5,opt,name=save_seconds,json=saveSeconds,proto3" json:"save_seconds,omitempty"`
+	// The incarnation RegisterWorker returned. If another process has
+	// registered under the worker's name since, the call fails with
+	// FAILED_PRECONDITION and ErrorInfo reason WORKER_SUPERSEDED, and changes
+	// nothing: this process must stop. 0 skips the check.
+	Incarnation   int64 `protobuf:"varint,6,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -724,6 +741,13 @@ func (x *ReportCheckpointRequest) GetSaveSeconds() float64 {
 	return 0
 }
 
+func (x *ReportCheckpointRequest) GetIncarnation() int64 {
+	if x != nil {
+		return x.Incarnation
+	}
+	return 0
+}
+
 // ReportCheckpointResponse tells the rank how things stand.
 type ReportCheckpointResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -784,7 +808,12 @@ type ReportSnapshotRequest struct {
 	// How long it took, in seconds. 0..2592000.
 	DurationSeconds float64 `protobuf:"fixed64,5,opt,name=duration_seconds,json=durationSeconds,proto3" json:"duration_seconds,omitempty"`
 	// Free text: the error, or where the snapshot went.
-	Message       string `protobuf:"bytes,6,opt,name=message,proto3" json:"message,omitempty"`
+	Message string `protobuf:"bytes,6,opt,name=message,proto3" json:"message,omitempty"`
+	// The incarnation RegisterWorker returned. If another process has
+	// registered under the worker's name since, the call fails with
+	// FAILED_PRECONDITION and ErrorInfo reason WORKER_SUPERSEDED, and changes
+	// nothing: this process must stop. 0 skips the check.
+	Incarnation   int64 `protobuf:"varint,7,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -861,6 +890,13 @@ func (x *ReportSnapshotRequest) GetMessage() string {
 	return ""
 }
 
+func (x *ReportSnapshotRequest) GetIncarnation() int64 {
+	if x != nil {
+		return x.Incarnation
+	}
+	return 0
+}
+
 // ReportSnapshotResponse tells the worker how things stand.
 type ReportSnapshotResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -913,7 +949,12 @@ type FinishRunRequest struct {
 	// The run.
 	RunId string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
 	// From RegisterWorker (a TRAINER).
-	WorkerId      string `protobuf:"bytes,2,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
+	WorkerId string `protobuf:"bytes,2,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
+	// The incarnation RegisterWorker returned. If another process has
+	// registered under the worker's name since, the call fails with
+	// FAILED_PRECONDITION and ErrorInfo reason WORKER_SUPERSEDED, and changes
+	// nothing: this process must stop. 0 skips the check.
+	Incarnation   int64 `protobuf:"varint,3,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -960,6 +1001,13 @@ func (x *FinishRunRequest) GetWorkerId() string {
 		return x.WorkerId
 	}
 	return ""
+}
+
+func (x *FinishRunRequest) GetIncarnation() int64 {
+	if x != nil {
+		return x.Incarnation
+	}
+	return 0
 }
 
 // FinishRunResponse carries the run's final state.
@@ -1302,26 +1350,28 @@ const file_snapcoord_v1_worker_service_proto_rawDesc = "" +
 	"\x06run_id\x18\x01 \x01(\tB#\xbaH r\x1e2\x1c^[a-z0-9][a-z0-9._-]{0,127}$R\x05runId\x12&\n" +
 	"\tworker_id\x18\x02 \x01(\tB\t\xbaH\x06r\x04\x10\x01\x18@R\bworkerId\x12)\n" +
 	"\vincarnation\x18\x03 \x01(\x03B\a\xbaH\x04\"\x02(\x00R\vincarnation\"\x1a\n" +
-	"\x18DeregisterWorkerResponse\"\xe5\x01\n" +
+	"\x18DeregisterWorkerResponse\"\x90\x02\n" +
 	"\x13CompleteStepRequest\x12:\n" +
 	"\x06run_id\x18\x01 \x01(\tB#\xbaH r\x1e2\x1c^[a-z0-9][a-z0-9._-]{0,127}$R\x05runId\x12&\n" +
 	"\tworker_id\x18\x02 \x01(\tB\t\xbaH\x06r\x04\x10\x01\x18@R\bworkerId\x12\"\n" +
 	"\x04step\x18\x03 \x01(\x03B\x0e\xbaH\v\"\t\x18\x80\xa0\x94\xa5\x8d\x1d(\x01R\x04step\x12F\n" +
-	"\x11iteration_seconds\x18\x04 \x01(\x01B\x19\xbaH\x16\x12\x14@\x01\x19\x00\x00\x00\x008\x13~A)\x00\x00\x00\x00\x00\x00\x00\x00R\x10iterationSeconds\"\xb2\x01\n" +
+	"\x11iteration_seconds\x18\x04 \x01(\x01B\x19\xbaH\x16\x12\x14@\x01\x19\x00\x00\x00\x008\x13~A)\x00\x00\x00\x00\x00\x00\x00\x00R\x10iterationSeconds\x12)\n" +
+	"\vincarnation\x18\x05 \x01(\x03B\a\xbaH\x04\"\x02(\x00R\vincarnation\"\xb2\x01\n" +
 	"\x14CompleteStepResponse\x12\x12\n" +
 	"\x04step\x18\x01 \x01(\x03R\x04step\x120\n" +
 	"\x06action\x18\x02 \x01(\x0e2\x18.snapcoord.v1.StepActionR\x06action\x12 \n" +
 	"\vexplanation\x18\x03 \x01(\tR\vexplanation\x122\n" +
-	"\bdecision\x18\x04 \x01(\v2\x16.snapcoord.v1.DecisionR\bdecision\"\xa0\x02\n" +
+	"\bdecision\x18\x04 \x01(\v2\x16.snapcoord.v1.DecisionR\bdecision\"\xcb\x02\n" +
 	"\x17ReportCheckpointRequest\x12:\n" +
 	"\x06run_id\x18\x01 \x01(\tB#\xbaH r\x1e2\x1c^[a-z0-9][a-z0-9._-]{0,127}$R\x05runId\x12&\n" +
 	"\tworker_id\x18\x02 \x01(\tB\t\xbaH\x06r\x04\x10\x01\x18@R\bworkerId\x12\"\n" +
 	"\x04step\x18\x03 \x01(\x03B\x0e\xbaH\v\"\t\x18\x80\xa0\x94\xa5\x8d\x1d(\x01R\x04step\x12?\n" +
 	"\x05phase\x18\x04 \x01(\x0e2\x1d.snapcoord.v1.CheckpointPhaseB\n" +
 	"\xbaH\a\x82\x01\x04\x10\x01 \x00R\x05phase\x12<\n" +
-	"\fsave_seconds\x18\x05 \x01(\x01B\x19\xbaH\x16\x12\x14@\x01\x19\x00\x00\x00\x00\x80\xc6CA)\x00\x00\x00\x00\x00\x00\x00\x00R\vsaveSeconds\"O\n" +
+	"\fsave_seconds\x18\x05 \x01(\x01B\x19\xbaH\x16\x12\x14@\x01\x19\x00\x00\x00\x00\x80\xc6CA)\x00\x00\x00\x00\x00\x00\x00\x00R\vsaveSeconds\x12)\n" +
+	"\vincarnation\x18\x06 \x01(\x03B\a\xbaH\x04\"\x02(\x00R\vincarnation\"O\n" +
 	"\x18ReportCheckpointResponse\x123\n" +
-	"\trun_state\x18\x01 \x01(\x0e2\x16.snapcoord.v1.RunStateR\brunState\"\xd6\x02\n" +
+	"\trun_state\x18\x01 \x01(\x0e2\x16.snapcoord.v1.RunStateR\brunState\"\x81\x03\n" +
 	"\x15ReportSnapshotRequest\x12:\n" +
 	"\x06run_id\x18\x01 \x01(\tB#\xbaH r\x1e2\x1c^[a-z0-9][a-z0-9._-]{0,127}$R\x05runId\x12&\n" +
 	"\tworker_id\x18\x02 \x01(\tB\t\xbaH\x06r\x04\x10\x01\x18@R\bworkerId\x12*\n" +
@@ -1330,12 +1380,14 @@ const file_snapcoord_v1_worker_service_proto_rawDesc = "" +
 	"\aoutcome\x18\x04 \x01(\x0e2\x1d.snapcoord.v1.SnapshotOutcomeB\n" +
 	"\xbaH\a\x82\x01\x04\x10\x01 \x00R\aoutcome\x12D\n" +
 	"\x10duration_seconds\x18\x05 \x01(\x01B\x19\xbaH\x16\x12\x14@\x01\x19\x00\x00\x00\x00\x80\xc6CA)\x00\x00\x00\x00\x00\x00\x00\x00R\x0fdurationSeconds\x12\"\n" +
-	"\amessage\x18\x06 \x01(\tB\b\xbaH\x05r\x03\x18\x80 R\amessage\"M\n" +
+	"\amessage\x18\x06 \x01(\tB\b\xbaH\x05r\x03\x18\x80 R\amessage\x12)\n" +
+	"\vincarnation\x18\a \x01(\x03B\a\xbaH\x04\"\x02(\x00R\vincarnation\"M\n" +
 	"\x16ReportSnapshotResponse\x123\n" +
-	"\trun_state\x18\x01 \x01(\x0e2\x16.snapcoord.v1.RunStateR\brunState\"v\n" +
+	"\trun_state\x18\x01 \x01(\x0e2\x16.snapcoord.v1.RunStateR\brunState\"\xa1\x01\n" +
 	"\x10FinishRunRequest\x12:\n" +
 	"\x06run_id\x18\x01 \x01(\tB#\xbaH r\x1e2\x1c^[a-z0-9][a-z0-9._-]{0,127}$R\x05runId\x12&\n" +
-	"\tworker_id\x18\x02 \x01(\tB\t\xbaH\x06r\x04\x10\x01\x18@R\bworkerId\"H\n" +
+	"\tworker_id\x18\x02 \x01(\tB\t\xbaH\x06r\x04\x10\x01\x18@R\bworkerId\x12)\n" +
+	"\vincarnation\x18\x03 \x01(\x03B\a\xbaH\x04\"\x02(\x00R\vincarnation\"H\n" +
 	"\x11FinishRunResponse\x123\n" +
 	"\trun_state\x18\x01 \x01(\x0e2\x16.snapcoord.v1.RunStateR\brunState\"\xcc\x01\n" +
 	"\x15StreamCommandsRequest\x12:\n" +

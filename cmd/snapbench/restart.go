@@ -153,13 +153,8 @@ func prepareRestart(ctx context.Context, dataDir string, runs, workers, steps in
 // profileLoad profiles, in process, what a restart does before serving:
 // open the store and load every run into a new engine.
 func (b *bench) profileLoad(ctx context.Context, dataDir string) error {
-	path := filepath.Join(b.cfg.pprofDir, "restart.cpu.pprof")
-	f, err := os.Create(path)
+	stop, err := b.selfProfile("restart")
 	if err != nil {
-		return err
-	}
-	defer f.Close()
-	if err := pprof.StartCPUProfile(f); err != nil {
 		return err
 	}
 	start := time.Now()
@@ -172,7 +167,30 @@ func (b *bench) profileLoad(ctx context.Context, dataDir string) error {
 		}
 		err = errors.Join(err, db.Close())
 	}
-	pprof.StopCPUProfile()
-	b.logf("  profile: %s (in-process open + load: %.3f s)", path, time.Since(start).Seconds())
+	took := time.Since(start)
+	stop()
+	b.logf("  in-process open + load: %.3f s", took.Seconds())
 	return err
+}
+
+// selfProfile starts a CPU profile of this process into name.cpu.pprof
+// under --pprof; stop ends it.
+func (b *bench) selfProfile(name string) (stop func(), err error) {
+	path := filepath.Join(b.cfg.pprofDir, name+".cpu.pprof")
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		if err := f.Close(); err != nil {
+			b.logf("  profile %s: %v", path, err)
+			return
+		}
+		b.logf("  profile: %s", path)
+	}, nil
 }

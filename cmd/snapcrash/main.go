@@ -149,8 +149,12 @@ func crashLoop(ctx context.Context, cfg config, out io.Writer) (bool, error) {
 	fmt.Fprintf(out, "snapcrash: %d cycles, %d runs × (%d ranks + %d environment workers), kill after %s..%s, seed %d\n",
 		cfg.cycles, cfg.runs, cfg.ranks, cfg.envs, cfg.minUp, cfg.maxUp, cfg.seed)
 
+	// The check that every checkpoint saved by all ranks was published reads
+	// the run's events from the first: none may be dropped by
+	// --max-events-per-run, which 20 cycles pass (every step is
+	// checkpointed, about six events a step, 100,000 events a run).
 	proc, err := coordproc.Start(ctx, coordproc.Config{Bin: bin, DataDir: dataDir, LogPath: logPath,
-		Args: []string{"--metrics-listen", "", "--log-format", "json"}})
+		Args: []string{"--metrics-listen", "", "--log-format", "json", "--max-events-per-run", "100000000"}})
 	if err != nil {
 		return false, err
 	}

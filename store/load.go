@@ -63,24 +63,24 @@ func loadTx(ctx context.Context, tx *bolt.Tx, w Window) ([]*RunData, error) {
 	}
 	children := []func() error{
 		func() error {
-			return loadLatest(tx, bucketSteps, byID, func(rd *RunData, step int64) bool {
+			return loadChildren(tx, bucketSteps, byID, bySeq(bucketSteps, func(rd *RunData, step int64) bool {
 				run := rd.Record.GetRun()
 				return step > run.GetLastStep()-w.Steps || step == run.GetFiredAtStep()
-			}, func(rd *RunData, m *storagev1.StepRecord) { rd.Steps = append(rd.Steps, m) })
+			}), func(rd *RunData, m *storagev1.StepRecord) { rd.Steps = append(rd.Steps, m) })
 		},
 		func() error {
-			return loadChildren(tx, bucketWorkers, byID, func(rd *RunData, m *snapcoordv1.Worker) { rd.Workers = append(rd.Workers, m) })
+			return loadChildren(tx, bucketWorkers, byID, nil, func(rd *RunData, m *snapcoordv1.Worker) { rd.Workers = append(rd.Workers, m) })
 		},
 		func() error {
-			return loadChildren(tx, bucketSnapshots, byID, func(rd *RunData, m *snapcoordv1.Snapshot) { rd.Snapshots = append(rd.Snapshots, m) })
+			return loadChildren(tx, bucketSnapshots, byID, nil, func(rd *RunData, m *snapcoordv1.Snapshot) { rd.Snapshots = append(rd.Snapshots, m) })
 		},
 		func() error {
-			return loadLatest(tx, bucketEvents, byID, func(rd *RunData, seq int64) bool {
+			return loadChildren(tx, bucketEvents, byID, bySeq(bucketEvents, func(rd *RunData, seq int64) bool {
 				return seq > rd.Record.GetRun().GetLastEventSeq()-w.Events
-			}, func(rd *RunData, m *snapcoordv1.RunEvent) { rd.Events = append(rd.Events, m) })
+			}), func(rd *RunData, m *snapcoordv1.RunEvent) { rd.Events = append(rd.Events, m) })
 		},
 		func() error {
-			return loadChildren(tx, bucketCommands, byID, func(rd *RunData, m *snapcoordv1.Command) { rd.Commands = append(rd.Commands, m) })
+			return loadChildren(tx, bucketCommands, byID, nil, func(rd *RunData, m *snapcoordv1.Command) { rd.Commands = append(rd.Commands, m) })
 		},
 	}
 	for _, load := range children {
@@ -97,25 +97,12 @@ func loadTx(ctx context.Context, tx *bolt.Tx, w Window) ([]*RunData, error) {
 	return runs, nil
 }
 
-// loadLatest reads a per-run bucket keyed by sequence number, keeping the
-// records keep accepts. Every key is still checked against its run; only
-// the records kept are unmarshalled.
-func loadLatest[M any, PM interface {
-	*M
-	proto.Message
-}](tx *bolt.Tx, bucket []byte, byID map[string]*RunData, keep func(*RunData, int64) bool, add func(*RunData, PM)) error {
-	return forEachChild(tx, bucket, byID, func(rd *RunData, k, v []byte) error {
+// bySeq is a keep for loadChildren of a bucket keyed by sequence number.
+func bySeq(bucket []byte, keep func(rd *RunData, n int64) bool) func(*RunData, []byte) (bool, error) {
+	return func(rd *RunData, k []byte) (bool, error) {
 		n, err := seqOf(bucket, k)
-		if err != nil || !keep(rd, n) {
-			return err
-		}
-		m := PM(new(M))
-		if err := proto.Unmarshal(v, m); err != nil {
-			return fmt.Errorf("store: bucket %s key %q: %w", bucket, k, err)
-		}
-		add(rd, m)
-		return nil
-	})
+		return err == nil && keep(rd, n), err
+	}
 }
 
 // seqOf is the sequence number of a seqKey.
@@ -305,25 +292,14 @@ func loadRuns(tx *bolt.Tx) ([]*RunData, map[string]*RunData, error) {
 	return runs, byID, nil
 }
 
-// loadChildren reads a per-run bucket. Keys are run id, keySep, then a
-// big-endian number or a name, so bbolt's order is the order RunData
-// promises.
+// loadChildren reads a per-run bucket, the records keep accepts (all if
+// keep is nil). Keys are run id, keySep, then a big-endian number or a
+// name, so bbolt's order is the order RunData promises. Every key is
+// checked against its run; only the records kept are unmarshalled.
 func loadChildren[M any, PM interface {
 	*M
 	proto.Message
-}](tx *bolt.Tx, bucket []byte, byID map[string]*RunData, add func(*RunData, PM)) error {
-	return forEachChild(tx, bucket, byID, func(rd *RunData, k, v []byte) error {
-		m := PM(new(M))
-		if err := proto.Unmarshal(v, m); err != nil {
-			return fmt.Errorf("store: bucket %s key %q: %w", bucket, k, err)
-		}
-		add(rd, m)
-		return nil
-	})
-}
-
-// forEachChild calls fn with each record of a per-run bucket and its run.
-func forEachChild(tx *bolt.Tx, bucket []byte, byID map[string]*RunData, fn func(rd *RunData, k, v []byte) error) error {
+}](tx *bolt.Tx, bucket []byte, byID map[string]*RunData, keep func(*RunData, []byte) (bool, error), add func(*RunData, PM)) error {
 	return tx.Bucket(bucket).ForEach(func(k, v []byte) error {
 		i := bytes.IndexByte(k, keySep)
 		if i < 0 {
@@ -333,7 +309,17 @@ func forEachChild(tx *bolt.Tx, bucket []byte, byID map[string]*RunData, fn func(
 		if rd == nil {
 			return fmt.Errorf("store: bucket %s key %q: record of unknown run %q", bucket, k, k[:i])
 		}
-		return fn(rd, k, v)
+		if keep != nil {
+			if ok, err := keep(rd, k); !ok {
+				return err
+			}
+		}
+		m := PM(new(M))
+		if err := proto.Unmarshal(v, m); err != nil {
+			return fmt.Errorf("store: bucket %s key %q: %w", bucket, k, err)
+		}
+		add(rd, m)
+		return nil
 	})
 }
 

@@ -27,7 +27,8 @@ type harness struct {
 	db  *store.DB
 	e   *Engine
 
-	opts Options // Clock defaults to clk; a wrapper of clk otherwise
+	opts      Options // Clock defaults to clk; a wrapper of clk otherwise
+	storeOpts store.Options
 }
 
 func newHarness(t *testing.T) *harness {
@@ -39,7 +40,14 @@ func newHarness(t *testing.T) *harness {
 // heartbeat interval, so that advance can take larger steps).
 func newHarnessWith(t *testing.T, opts Options) *harness {
 	t.Helper()
-	h := &harness{t: t, ctx: context.Background(), clk: clock.NewFake(t0), dir: t.TempDir(), opts: opts}
+	return newHarnessStore(t, opts, store.Options{})
+}
+
+// newHarnessStore is newHarnessWith with store options (e.g. an OnCommit
+// that holds the committer).
+func newHarnessStore(t *testing.T, opts Options, storeOpts store.Options) *harness {
+	t.Helper()
+	h := &harness{t: t, ctx: context.Background(), clk: clock.NewFake(t0), dir: t.TempDir(), opts: opts, storeOpts: storeOpts}
 	h.open()
 	t.Cleanup(h.close)
 	return h
@@ -47,7 +55,7 @@ func newHarnessWith(t *testing.T, opts Options) *harness {
 
 func (h *harness) open() {
 	h.t.Helper()
-	db, err := store.Open(filepath.Join(h.dir, "snapcoord.db"), store.Options{})
+	db, err := store.Open(filepath.Join(h.dir, "snapcoord.db"), h.storeOpts)
 	if err != nil {
 		h.t.Fatal(err)
 	}

@@ -91,7 +91,7 @@ func newServeFlags(cfg *serveConfig) *flag.FlagSet {
 	fs.UintVar(&cfg.maxConcurrentStreams, "max-concurrent-streams", 1024, "RPCs open at once on one client connection")
 	fs.IntVar(&cfg.maxRuns, "max-runs", 10000, "runs the coordinator keeps; CreateRun beyond it gets RESOURCE_EXHAUSTED")
 	fs.IntVar(&cfg.maxWorkersPerRun, "max-workers-per-run", 10000, "workers one run may register; more get RESOURCE_EXHAUSTED")
-	fs.IntVar(&cfg.maxEventsPerRun, "max-events-per-run", 100000, "events kept per run (on disk; memory holds the latest 256); the oldest are deleted beyond it")
+	fs.IntVar(&cfg.maxEventsPerRun, "max-events-per-run", 100000, "events kept per run, on disk (the latest 256 also in memory); the oldest are deleted beyond it")
 	fs.DurationVar(&cfg.finishedRetention, "finished-run-retention", 0, "delete a finished run (and all stored for it) this long after it ended, e.g. 720h; 0 keeps finished runs")
 	fs.DurationVar(&cfg.keepaliveMinTime, "keepalive-min-time", 10*time.Second, "shortest client keepalive ping interval tolerated; clients pinging more often are disconnected")
 	fs.BoolVar(&cfg.permitPingsNoStream, "keepalive-permit-without-stream", true, "tolerate client keepalive pings on connections with no open RPC")

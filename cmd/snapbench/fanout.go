@@ -21,6 +21,7 @@ type fanoutResult struct {
 	lats      []time.Duration
 	delivered float64
 	rssPer    float64       // bytes per worker; streaming only
+	rssReg    float64       // the same before the warm-up round: registered and streaming only
 	register  time.Duration // registering every worker, each streaming or polling at once
 	round     time.Duration // the warm-up snapshot: issued, delivered and reported by every worker
 }
@@ -125,7 +126,8 @@ func (b *bench) fanoutRows(n int, sh fanoutShape, res, flor fanoutResult) {
 		ID: "memory_per_stream" + sh.id, Figure: fmt.Sprintf("RSS per streaming worker (%d, %s)", n, sh.conns()),
 		Value: res.rssPer / 1024, Unit: "KiB", Floor: flor.rssPer / 1024, FloorWhat: "no-op gRPC",
 		Target: "≤ 20 KiB", Met: met(res.rssPer <= 20*1024),
-		Note: "coordinator VmRSS after every worker registered, opened its stream and reported a snapshot, minus VmRSS before",
+		Note: fmt.Sprintf("coordinator VmRSS after every worker registered, opened its stream and reported a snapshot, minus VmRSS before; before the snapshot round (registered and streaming only): %.1f KiB (floor %.1f KiB)",
+			res.rssReg/1024, flor.rssReg/1024),
 	})
 }
 
@@ -246,6 +248,13 @@ func (b *bench) broadcast(ctx context.Context, sp fanoutSpec) (fanoutResult, err
 	res.register = time.Since(start)
 	b.logf("  %s: %d workers registered and %s in %.1f s", sp.runID, n, sp.shape.waiting(),
 		res.register.Seconds())
+	if !sp.shape.poll {
+		rss, err := sp.server.RSS()
+		if err != nil {
+			return res, err
+		}
+		res.rssReg = float64(rss-sp.rssBefore) / float64(n)
+	}
 	start = time.Now()
 	if err := sp.warmup(ctx); err != nil {
 		return fanoutResult{}, fmt.Errorf("warm-up: %w", err)

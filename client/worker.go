@@ -25,6 +25,8 @@ var ErrRunEnded = errors.New("client: the run ended")
 // worker's name (a replacement started while this process still ran): the
 // coordinator no longer serves this process, and it must stop rather than
 // register again, or the two would take the name from each other in turn.
+// The worker's reports, steps and FinishRun then fail with an error that
+// wraps it, and change nothing.
 var ErrSuperseded = errors.New("client: another process registered under this worker's name")
 
 // WorkerConfig describes a worker process to the coordinator.

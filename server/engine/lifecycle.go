@@ -294,7 +294,14 @@ func (m *mut) setState(s v1.RunState, why string) {
 }
 
 // terminate ends the run: final state, Stop to every worker, no more timers.
+// A snapshot still in flight is closed as SKIPPED: its late outcome must not
+// reach a run whose state is final (a last worker leaving would otherwise
+// complete it, and a TIMEOUT could fail a COMPLETED run).
 func (m *mut) terminate(s v1.RunState, reason string) {
+	if a := m.activeSnapshot(); a != nil {
+		m.closeSnapshot(a, v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SKIPPED,
+			fmt.Sprintf("not complete when the run ended (%s: %s)", stateName(s), reason))
+	}
 	m.setState(s, reason)
 	m.r.rec.Run.EndedAt = m.ts()
 	m.command(v1.WorkerRole_WORKER_ROLE_UNSPECIFIED, &v1.Command{Kind: &v1.Command_Stop{

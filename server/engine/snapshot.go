@@ -292,6 +292,23 @@ func (m *mut) completeSnapshot(s *v1.Snapshot, outcome v1.SnapshotOutcome, why s
 	if excused {
 		why += "; not counted toward max_consecutive_failures: only workers no longer live did not report"
 	}
+	m.closeSnapshot(s, outcome, why)
+	if outcome == v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SAVED {
+		m.recordReserve(s.DurationSeconds)
+	}
+	if s.SnapshotId == r.rec.DeadlineSnapshotId {
+		m.finishDeadline(s)
+		return
+	}
+	if !excused {
+		m.countFailures(s)
+	}
+}
+
+// closeSnapshot records the snapshot's outcome and ends it as the one in
+// flight, without consequences for the run.
+func (m *mut) closeSnapshot(s *v1.Snapshot, outcome v1.SnapshotOutcome, why string) {
+	r := m.r
 	s.CompletedAt = m.ts()
 	s.Outcome = outcome
 	s.Message = why
@@ -311,16 +328,6 @@ func (m *mut) completeSnapshot(s *v1.Snapshot, outcome v1.SnapshotOutcome, why s
 		Message: fmt.Sprintf("snapshot %s %s after %.3g s: %s", s.SnapshotId, outcomeName(outcome), s.DurationSeconds, why)})
 	runID, id, reason, dur := r.id, s.SnapshotId, s.Reason, s.DurationSeconds
 	m.observe(func(ctx context.Context) { m.e.obs.SnapshotCompleted(ctx, runID, id, reason, outcome, dur) })
-	if outcome == v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SAVED {
-		m.recordReserve(s.DurationSeconds)
-	}
-	if s.SnapshotId == r.rec.DeadlineSnapshotId {
-		m.finishDeadline(s)
-		return
-	}
-	if !excused {
-		m.countFailures(s)
-	}
 }
 
 // onlyGoneWorkersMissing: every worker still live reported SAVED or

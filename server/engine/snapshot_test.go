@@ -583,3 +583,72 @@ func TestCompletedSnapshotReports(t *testing.T) {
 		h.restart()
 	}
 }
+
+// A run that ends with a regular snapshot in flight closes it: the
+// snapshot's outcome can no longer change the run. Before, the last worker
+// leaving completed it as TIMEOUT, and a COMPLETED or CANCELLED run became
+// FAILED, sent a second Stop and answered a step differently.
+func TestRunEndClosesSnapshotInFlight(t *testing.T) {
+	for _, end := range []struct {
+		name  string
+		state v1.RunState
+		call  func(h *harness, rank string) error
+	}{
+		{"finish", v1.RunState_RUN_STATE_COMPLETED, func(h *harness, rank string) error {
+			_, err := h.e.FinishRun(h.ctx, &v1.FinishRunRequest{RunId: "r", WorkerId: rank})
+			return err
+		}},
+		{"cancel", v1.RunState_RUN_STATE_CANCELLED, func(h *harness, _ string) error {
+			_, err := h.e.CancelRun(h.ctx, &v1.CancelRunRequest{RunId: "r"})
+			return err
+		}},
+	} {
+		t.Run(end.name, func(t *testing.T) {
+			h := newHarness(t)
+			h.create("r", intervalSpec(1))
+			ranks := h.trainers("r", 1)
+			envs := h.envs("r", 2)
+			h.advance(60*time.Second, "r", append(ranks, envs...)...)
+			s := h.lastSnapshot("r")
+			if err := h.report("r", envs[0], s.SnapshotId, v1.SnapshotOutcome_SNAPSHOT_OUTCOME_IO_ERROR, 1); err != nil {
+				t.Fatal(err)
+			}
+			if err := end.call(h, ranks[0]); err != nil {
+				t.Fatal(err)
+			}
+			ended := h.wantState("r", end.state)
+			before := h.step("r", ranks[0], 7, 1)
+			closed := h.lastSnapshot("r")
+			if closed.SnapshotId != s.SnapshotId || closed.CompletedAt == nil ||
+				closed.Outcome != v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SKIPPED || !strings.Contains(closed.Message, "run ended") {
+				t.Fatalf("snapshot after the run ended: %v", closed)
+			}
+
+			if _, err := h.e.DeregisterWorker(h.ctx, &v1.DeregisterWorkerRequest{RunId: "r", WorkerId: envs[1]}); err != nil {
+				t.Fatal(err)
+			}
+			h.advance(10*time.Minute, "r") // every lease lapses too
+			h.restart()
+			after := h.wantState("r", end.state)
+			if !proto.Equal(after.EndedAt, ended.EndedAt) || after.FailureMessage != ended.FailureMessage {
+				t.Fatalf("the ended run changed: ended_at %v → %v, message %q → %q",
+					ended.EndedAt, after.EndedAt, ended.FailureMessage, after.FailureMessage)
+			}
+			if got := h.lastSnapshot("r"); got.Outcome != closed.Outcome || !proto.Equal(got.CompletedAt, closed.CompletedAt) {
+				t.Fatalf("the closed snapshot changed: %v", got)
+			}
+			if again := h.step("r", ranks[0], 7, 1); again.Explanation != before.Explanation {
+				t.Fatalf("step 7 answered %q, then %q", before.Explanation, again.Explanation)
+			}
+			stops := 0
+			for _, c := range h.commands("r", envs[0]) {
+				if c.GetStop() != nil {
+					stops++
+				}
+			}
+			if stops != 1 {
+				t.Fatalf("%d Stop commands, want 1", stops)
+			}
+		})
+	}
+}

@@ -281,8 +281,10 @@ func (m *mut) leave(w *workerState, why string) {
 }
 
 // workerGone lets a snapshot that only waited for a departed worker finish.
+// A terminal run has none in flight; a data file written before terminate
+// closed it may still name one, which must stay as it is.
 func (m *mut) workerGone() {
-	if s := m.activeSnapshot(); s != nil {
+	if s := m.activeSnapshot(); s != nil && !m.r.terminal() {
 		m.checkSnapshotDone(s)
 	}
 }

@@ -112,11 +112,15 @@ func (e *Engine) streamCommands(ctx context.Context, req *v1.StreamCommandsReque
 	}
 }
 
-// await blocks until changed closes, ctx ends, or long calls end (shutdown).
+// await blocks until changed closes, ctx ends, long calls end (shutdown),
+// or a commit fails: nothing will change until a restart, and a waiter
+// must hear so rather than wait for ever.
 func (e *Engine) await(ctx context.Context, changed <-chan struct{}) error {
 	select {
 	case <-changed:
 		return nil
+	case <-e.broken:
+		return e.usable()
 	case <-ctx.Done():
 		return ctx.Err()
 	case <-e.draining:
@@ -205,6 +209,12 @@ func (e *Engine) eventsAfter(r *runState, after int64) ([]*v1.RunEvent, bool, er
 	upTo := r.durableEvent.Load()
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if err := r.gone(); err != nil {
+		// Deleted after its retention between two pages: the store no
+		// longer holds its events, or holds those of a run created again
+		// under its id.
+		return nil, false, err
+	}
 	oldest := r.rec.Run.LastEventSeq + 1
 	if len(r.events) > 0 {
 		oldest = r.events[0].Seq
@@ -254,7 +264,9 @@ func (e *Engine) listSnapshots(ctx context.Context, req *v1.ListSnapshotsRequest
 	// The ids come from memory; the snapshots from the store (completed ones
 	// are summaries in memory), read once the run's commits are done.
 	var ids []string
+	var run *runState
 	err = e.view(ctx, req.RunId, func(r *runState) error {
+		run = r
 		i := sort.Search(len(r.snapOrder), func(i int) bool { return snapshotNum(r.snapOrder[i].SnapshotId) > after })
 		for _, s := range r.snapOrder[i:min(i+size+1, len(r.snapOrder))] {
 			ids = append(ids, s.SnapshotId)
@@ -278,10 +290,17 @@ func (e *Engine) listSnapshots(ctx context.Context, req *v1.ListSnapshotsRequest
 		resp.Snapshots = append(resp.Snapshots, s)
 		return true
 	})
+	// A run deleted after its retention while we read, and perhaps created
+	// again under its id: what the store gave is not this run's. A purge
+	// takes the run out of the map before anyone can create it again.
+	cur, gone := e.run(req.RunId)
+	if gone == nil && cur != run {
+		gone = errorf(ErrNotFound, "run %q not found", req.RunId)
+	}
+	if gone != nil {
+		return nil, gone
+	}
 	if err != nil {
-		if _, gone := e.run(req.RunId); gone != nil {
-			return nil, gone // deleted after its retention while we read
-		}
 		return nil, fmt.Errorf("run %q: %w", req.RunId, err)
 	}
 	if more {

@@ -96,6 +96,7 @@ type Engine struct {
 	failed    atomic.Pointer[error] // set once a commit failed
 	closed    atomic.Bool
 	draining  chan struct{} // closed by EndLongCalls (and Close)
+	broken    chan struct{} // closed by the first failed commit
 	drainOnce sync.Once
 	sweep     clock.Timer // the next purge of finished runs; guarded by mu
 }
@@ -105,7 +106,7 @@ func New(ctx context.Context, st *store.DB, opts Options) (*Engine, error) {
 	opts.setDefaults()
 	e := &Engine{
 		opts: opts, clk: opts.Clock, st: st, log: opts.Logger, policy: opts.Policy, obs: opts.Observer,
-		runs: map[string]*runState{}, tokens: map[string]string{}, draining: make(chan struct{}),
+		runs: map[string]*runState{}, tokens: map[string]string{}, draining: make(chan struct{}), broken: make(chan struct{}),
 	}
 	data, err := st.Load(ctx, store.Window{Steps: stepsKept, Events: eventsKept})
 	if err != nil {
@@ -259,6 +260,7 @@ func (e *Engine) wait(ctx context.Context, p *store.Pending) error {
 
 func (e *Engine) fail(err error) {
 	if e.failed.CompareAndSwap(nil, &err) {
+		close(e.broken)
 		e.log.Error("store commit failed; refusing further changes until restart", "err", err)
 	}
 }

@@ -31,6 +31,9 @@ func normalizeSpec(in *v1.RunSpec, now time.Time) (*v1.RunSpec, error) {
 	if s.StartedAt == nil {
 		s.StartedAt = timestamppb.New(now)
 	}
+	if err := s.StartedAt.CheckValid(); err != nil {
+		return nil, errorf(ErrInvalidArgument, "spec.started_at: not a valid timestamp")
+	}
 	fillDefaults(s)
 	if _, err := mustSaveBy(s.StartedAt.AsTime(), s.Checkpointing.CheckpointMustSaveBy, s.Checkpointing.MustSaveBy, "spec.checkpointing."); err != nil {
 		return nil, err
@@ -115,7 +118,13 @@ func mustSaveBy(startedAt time.Time, budget string, abs *timestamppb.Timestamp, 
 	if err != nil {
 		return time.Time{}, errorf(ErrInvalidArgument, "%scheckpoint_must_save_by: %q %s", prefix, budget, err.Error())
 	}
-	return startedAt.Add(d), nil
+	b := startedAt.Add(d)
+	if timestamppb.New(b).CheckValid() != nil {
+		// Stored as B, it would make the run unreadable as JSON (grpcurl).
+		return time.Time{}, errorf(ErrInvalidArgument, "%scheckpoint_must_save_by: %q from started_at %s ends after year 9999",
+			prefix, budget, startedAt.UTC().Format(time.RFC3339))
+	}
+	return b, nil
 }
 
 func needsSnapshots(l v1.TargetLevel) bool {

@@ -69,6 +69,11 @@ func TestCreateRunValidation(t *testing.T) {
 		{"trainer_world_size 0", &v1.RunSpec{TrainerWorldSize: 0}, worldField},
 		{"trainer_world_size negative", &v1.RunSpec{TrainerWorldSize: -4}, worldField},
 		{"no spec", nil, "spec"},
+		{"started_at not a valid timestamp", startingAt(spec(turn, "", nil, false, nil, nil), &timestamppb.Timestamp{Seconds: 1 << 62}), "spec.started_at"},
+		{"budget ends after year 9999", startingAt(spec(turn, "02:00:00:00", nil, false, nil, nil),
+			timestamppb.New(time.Date(9999, 12, 31, 0, 0, 0, 0, time.UTC))), budgetField},
+		{"budget ends in year 9999", startingAt(spec(turn, "00:23:00:00", nil, false, nil, nil),
+			timestamppb.New(time.Date(9999, 12, 31, 0, 0, 0, 0, time.UTC))), ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t)
@@ -98,6 +103,11 @@ func TestCreateRunValidation(t *testing.T) {
 			}
 		})
 	}
+}
+
+func startingAt(s *v1.RunSpec, t *timestamppb.Timestamp) *v1.RunSpec {
+	s.StartedAt = t
+	return s
 }
 
 func TestCreateRunIdempotent(t *testing.T) {

@@ -142,7 +142,7 @@ func (m *mut) armSaveTimeout() {
 		return
 	}
 	at := m.saveDeadline()
-	m.arm(timerSave, at, func(m *mut) {
+	m.arm(timerSave, m.afterGrace(at), func(m *mut) {
 		if m.r.state() == v1.RunState_RUN_STATE_SAVING {
 			m.failRun(m.lateSave(at))
 		}

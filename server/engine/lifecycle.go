@@ -311,10 +311,12 @@ func (m *mut) terminate(s v1.RunState, reason string) {
 	}
 }
 
-// resume re-arms a loaded run's timers and gives its workers a grace period.
+// resume re-arms a loaded run's timers and gives its workers a grace period:
+// their leases, and the reports the bounds of a save wait for (afterGrace).
 func (e *Engine) resume(r *runState) {
 	r.mu.Lock()
 	m := &mut{e: e, r: r, now: e.clk.Now()}
+	r.graceUntil = m.now.Add(e.opts.RestartGrace)
 	if !r.terminal() {
 		m.armPreStep()
 		m.armInterval(false)

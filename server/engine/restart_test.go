@@ -95,9 +95,10 @@ func TestRestartRearmsPreStep(t *testing.T) {
 }
 
 // A snapshot timeout that fell due while the coordinator was down is
-// applied right after the restart: a regular snapshot times out (and
-// counts as a failure); the deadline snapshot times out at B and the run
-// stops with a warning.
+// applied once the restart grace has passed, not at once (reports the
+// outage held up still count until then): a regular snapshot times out
+// (and counts as a failure); the deadline snapshot times out at B and the
+// run stops with a warning.
 func TestRestartRearmsSnapshotTimeout(t *testing.T) {
 	h := newHarness(t)
 	h.create("deadline", turnSpec(1, "00:01:00:00"))
@@ -119,12 +120,15 @@ func TestRestartRearmsSnapshotTimeout(t *testing.T) {
 	h.reportAll("regular", re[:1], regular.SnapshotId, v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SAVED)
 
 	h.down(time.Hour) // past both timeouts and past B
+	h.clk.Advance(h.e.opts.RestartGrace - time.Millisecond)
 	for _, run := range []string{"regular", "deadline"} {
 		if s := h.lastSnapshot(run); s.CompletedAt != nil {
-			t.Fatalf("%s: completed before the re-armed timer ran: %v", run, s)
+			t.Fatalf("%s: completed within the restart grace: %v", run, s)
 		}
 	}
-	h.clk.Advance(0)
+	h.beat("regular", append(rr, re...)...) // live, but the report never comes
+	h.beat("deadline", append(dr, de...)...)
+	h.clk.Advance(time.Millisecond)
 
 	if s := h.lastSnapshot("regular"); s.Outcome != v1.SnapshotOutcome_SNAPSHOT_OUTCOME_TIMEOUT {
 		t.Fatalf("regular snapshot after restart: %v", s)
@@ -139,6 +143,33 @@ func TestRestartRearmsSnapshotTimeout(t *testing.T) {
 		t.Fatal("want a warning for the timed-out deadline snapshot")
 	}
 	h.wantStopLast("deadline", append(dr, de...)...)
+}
+
+// A worker that saved the deadline snapshot while the coordinator was down,
+// past B, retries its report once the coordinator is back: within the
+// restart grace it counts, and the snapshot is SAVED rather than timed out
+// because the coordinator had crashed.
+func TestRestartGraceCountsDeadlineSnapshotReport(t *testing.T) {
+	h := newHarness(t)
+	h.create("r", turnSpec(1, "00:01:00:00"))
+	ranks, envs := h.trainers("r", 1), h.envs("r", 2)
+	h.fireAtStep1("r", ranks, append(ranks, envs...)...)
+	h.checkpoint("r", ranks, 1, v1.CheckpointPhase_CHECKPOINT_PHASE_SAVED, 5)
+	s := h.lastSnapshot("r")
+	h.reportAll("r", envs[:1], s.SnapshotId, v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SAVED)
+
+	h.down(time.Hour) // past B
+	h.clk.Advance(h.e.opts.RestartGrace - time.Millisecond)
+	h.reportAll("r", envs[1:], s.SnapshotId, v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SAVED)
+	h.clk.Advance(time.Hour)
+
+	if got := h.lastSnapshot("r"); got.Outcome != v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SAVED {
+		t.Fatalf("deadline snapshot reported within the grace: %v", got)
+	}
+	h.wantState("r", v1.RunState_RUN_STATE_STOPPED)
+	if w := h.eventsOf("r", v1.RunEventType_RUN_EVENT_TYPE_WARNING); len(w) != 0 {
+		t.Fatalf("warnings for a saved deadline snapshot: %v", w)
+	}
 }
 
 // A restart loses nothing a worker was told: commands keep their sequence

@@ -51,6 +51,11 @@ type runState struct {
 
 	last *store.Pending // the latest batch submitted for this run
 
+	// graceUntil is the end of the restart grace (Options.RestartGrace from
+	// the start that loaded the run): until then no bound on reports falls
+	// due. See afterGrace.
+	graceUntil time.Time
+
 	purged bool // deleted after its retention; callers that found it first get NOT_FOUND
 
 	// Highest sequence numbers known durable; streams deliver up to these.

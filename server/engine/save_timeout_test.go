@@ -50,7 +50,8 @@ func TestDeadlineSaveNotDoneByB(t *testing.T) {
 
 // With deferred finalize, a checkpoint saved by every rank but never
 // published by B fails the run, saying so; the bound survives a restart
-// during which it falls due.
+// during which it falls due, and is applied once the restart grace has
+// passed.
 func TestDeadlineSaveNotPublishedByBAcrossRestart(t *testing.T) {
 	h := newHarness(t)
 	ranks := fireAtStepOne(t, h, &v1.RunSpec{TrainerWorldSize: 2,
@@ -60,10 +61,30 @@ func TestDeadlineSaveNotPublishedByBAcrossRestart(t *testing.T) {
 	h.close()
 	h.clk.Advance(2 * time.Hour) // B passes while the coordinator is down
 	h.open()
-	h.clk.Advance(0) // timers already due run now
+	h.clk.Advance(h.e.opts.RestartGrace - time.Millisecond)
+	h.wantState("r", v1.RunState_RUN_STATE_SAVING)
+	h.clk.Advance(time.Millisecond)
 	got := h.get("r")
 	if got.State != v1.RunState_RUN_STATE_FAILED || !strings.Contains(got.FailureMessage, "not published") {
 		t.Fatalf("after restart past B: %v %q, want FAILED, not published", got.State, got.FailureMessage)
+	}
+}
+
+// Ranks that saved by B while the coordinator was down retry their reports
+// once it is back: within the restart grace they count, and the run stops
+// as it should, instead of failing because the coordinator crashed.
+func TestDeadlineSaveReportedAfterRestartWithinGrace(t *testing.T) {
+	h := newHarness(t)
+	ranks := fireAtStepOne(t, h, &v1.RunSpec{TrainerWorldSize: 2,
+		Checkpointing: &v1.CheckpointingSpec{CheckpointMustSaveBy: "00:01:00:00"}})
+	h.checkpoint("r", ranks[:1], 1, v1.CheckpointPhase_CHECKPOINT_PHASE_SAVED, 10)
+
+	h.down(2 * time.Hour) // B passes while the coordinator is down
+	h.clk.Advance(h.e.opts.RestartGrace - time.Millisecond)
+	h.checkpoint("r", ranks[1:], 1, v1.CheckpointPhase_CHECKPOINT_PHASE_SAVED, 10)
+	h.clk.Advance(time.Hour)
+	if got := h.get("r"); got.State != v1.RunState_RUN_STATE_STOPPED {
+		t.Fatalf("%v %q, want STOPPED", got.State, got.FailureMessage)
 	}
 }
 

@@ -91,12 +91,25 @@ func (m *mut) armSnapshotTimeout() {
 		m.disarm(timerSnapshot)
 		return
 	}
-	m.arm(timerSnapshot, m.snapshotDeadline(s), func(m *mut) {
+	m.arm(timerSnapshot, m.afterGrace(m.snapshotDeadline(s)), func(m *mut) {
 		if a := m.activeSnapshot(); a == s {
 			m.completeSnapshot(s, v1.SnapshotOutcome_SNAPSHOT_OUTCOME_TIMEOUT,
 				"not every environment worker reported by "+m.snapshotDeadline(s).UTC().Format(time.RFC3339))
 		}
 	})
+}
+
+// afterGrace is when a bound on reports (a snapshot's, the trainers' save)
+// that falls due at at is enforced: at, but after a restart not before the
+// restart grace ends. Ranks and workers that finished their save in time
+// retry the report the outage held up; judging it missing the moment the
+// coordinator is back would fail a run that saved, or time out a snapshot
+// that was taken, because the coordinator had crashed.
+func (m *mut) afterGrace(at time.Time) time.Time {
+	if at.Before(m.r.graceUntil) {
+		return m.r.graceUntil
+	}
+	return at
 }
 
 func (e *Engine) reportSnapshot(ctx context.Context, req *v1.ReportSnapshotRequest) (*v1.ReportSnapshotResponse, error) {

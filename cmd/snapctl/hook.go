@@ -38,16 +38,35 @@ type hookResult struct {
 	message string
 }
 
-// killGrace is how long the hook's output may still drain after a kill:
-// a grandchild holding the pipe must not hold the sidecar.
+// killGrace is how long the hook's output may still drain after a kill, or
+// after the hook exited: a process it started that holds the pipe must not
+// hold the sidecar.
 const killGrace = 2 * time.Second
+
+// killed is the cause a hook's context is cancelled with when the sidecar
+// kills it before its end: what to report for it.
+type killed struct {
+	outcome v1.SnapshotOutcome
+	message string
+}
+
+func (k *killed) Error() string { return k.message }
+
+// Why the sidecar kills a hook, besides its deadline; any other end of the
+// context is the sidecar shutting down. A hook killed because the run
+// stopped is only logged: the coordinator takes no report after a Stop.
+var (
+	errSuperseded = &killed{v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SKIPPED, "hook killed: superseded by the deadline snapshot"}
+	errRunStopped = &killed{v1.SnapshotOutcome_SNAPSHOT_OUTCOME_IO_ERROR, "hook killed: the run stopped"}
+)
 
 // run runs the hook. At killAt, or when ctx ends, its whole process group
 // is killed: the shell and whatever it started.
 func (h hook) run(ctx context.Context) hookResult {
 	hctx, cancel := ctx, context.CancelFunc(func() {})
 	if !h.killAt.IsZero() {
-		hctx, cancel = context.WithDeadline(ctx, h.killAt)
+		hctx, cancel = context.WithDeadlineCause(ctx, h.killAt, &killed{v1.SnapshotOutcome_SNAPSHOT_OUTCOME_TIMEOUT,
+			"hook killed at its deadline " + h.killAt.UTC().Format(time.RFC3339)})
 	}
 	defer cancel()
 	tail := &tailWriter{max: 1024}
@@ -60,23 +79,41 @@ func (h hook) run(ctx context.Context) hookResult {
 	began := time.Now()
 	err := cmd.Run()
 	res := hookResult{took: time.Since(began)}
-	res.outcome, res.message = classify(err, hctx, ctx, h.killAt)
+	res.outcome, res.message = classify(err, cmd.ProcessState != nil && cmd.ProcessState.Success(), hctx)
 	if msg := tail.String(); msg != "" && res.outcome != v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SAVED {
 		res.message += ": " + msg
 	}
 	return res
 }
 
-// classify maps how the hook ended to a snapshot outcome.
-func classify(err error, hctx, ctx context.Context, killAt time.Time) (v1.SnapshotOutcome, string) {
-	var exitErr *exec.ExitError
+// heldOutput is the message of a hook that exited 0 while a process it
+// started still held its output: the reported duration includes the wait.
+var heldOutput = fmt.Sprintf("hook exited 0, but a process it started kept its output open: "+
+	"the sidecar stopped reading it after %s, included in the duration", killGrace)
+
+// classify maps how the hook ended to a snapshot outcome. exited0: the
+// shell exited with status 0; hctx is the context it ran under.
+func classify(err error, exited0 bool, hctx context.Context) (v1.SnapshotOutcome, string) {
+	var k *killed
 	switch {
 	case err == nil:
 		return v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SAVED, ""
-	case ctx.Err() != nil:
-		return v1.SnapshotOutcome_SNAPSHOT_OUTCOME_IO_ERROR, "hook killed: the sidecar is shutting down"
-	case errors.Is(hctx.Err(), context.DeadlineExceeded):
-		return v1.SnapshotOutcome_SNAPSHOT_OUTCOME_TIMEOUT, "hook killed at its deadline " + killAt.UTC().Format(time.RFC3339)
+	case errors.Is(err, exec.ErrWaitDelay) && exited0:
+		// The hook exited on its own (a kill is reported instead of
+		// ErrWaitDelay) and saved; only the output's end was not seen.
+		return v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SAVED, heldOutput
+	case hctx.Err() == nil:
+		return byExitStatus(err)
+	case errors.As(context.Cause(hctx), &k):
+		return k.outcome, k.message
+	}
+	return v1.SnapshotOutcome_SNAPSHOT_OUTCOME_IO_ERROR, "hook killed: the sidecar is shutting down"
+}
+
+// byExitStatus maps the status of a hook that ended on its own.
+func byExitStatus(err error) (v1.SnapshotOutcome, string) {
+	var exitErr *exec.ExitError
+	switch {
 	case errors.As(err, &exitErr) && exitErr.ExitCode() == hookExitSkipped:
 		return v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SKIPPED, "hook exit status 3: nothing to save"
 	case errors.As(err, &exitErr) && exitErr.ExitCode() == hookExitInvariant:

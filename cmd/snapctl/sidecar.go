@@ -37,7 +37,7 @@ func setupSidecar(fs *flag.FlagSet, c *cli) func(context.Context, []string) erro
 	fs.StringVar(&s.onSnapshot, "on-snapshot", "", "`command` (/bin/sh -c) that saves the environment state (required)")
 	fs.StringVar(&s.onStop, "on-stop", "", "`command` (/bin/sh -c) to run when the run stops")
 	fs.BoolVar(&s.poll, "poll", false, "long-poll for commands instead of streaming them")
-	fs.DurationVar(&s.pollInterval, "poll-interval", 30*time.Second, "with --poll, the longest wait of one poll (a command ends it at once)")
+	fs.DurationVar(&s.pollInterval, "poll-interval", 30*time.Second, "with --poll, the longest wait of one poll, rounded up to whole seconds, at most 1h (a command ends it at once)")
 	fs.DurationVar(&s.hookTimeout, "hook-timeout", 10*time.Minute, "kill a Snapshot hook after this long (SaveAtDeadline: at must_finish_by)")
 	fs.TextVar(&s.logLevel, "log-level", slog.LevelInfo, "log `level`: debug, info, warn or error")
 	return func(ctx context.Context, args []string) error {
@@ -144,23 +144,97 @@ func (s *sidecar) leave(ctx context.Context) {
 	}
 }
 
+// serve follows the worker's commands until a Stop, until ctx ends, or
+// until the commands end. A snapshot hook runs in the background, so that
+// commands are still read while it runs: a SaveAtDeadline must not wait
+// behind a regular snapshot's hook (killed only at --hook-timeout) and
+// miss B.
 func (s *sidecar) serve(ctx context.Context) error {
+	var running *hookRun // the last snapshot hook started; nil: none yet
 	for {
 		select {
 		case <-ctx.Done():
-			s.log.Info("signal received: leaving the run")
-			return nil
+			return s.leaveOnSignal(running)
 		case cmd, ok := <-s.w.Commands():
-			if !ok {
+			switch {
+			case !ok:
+				running.wait()
 				return s.w.Err()
+			case ctx.Err() != nil:
+				// select may pick a queued command over ctx.Done: no new
+				// hook once the sidecar is being stopped.
+				return s.leaveOnSignal(running)
+			case cmd.GetStop() != nil:
+				// The run is terminal: the coordinator would refuse a report.
+				running.kill(errRunStopped)
+				return s.stop(ctx, cmd.GetStop().GetReason())
 			}
-			if stop := cmd.GetStop(); stop != nil {
-				return s.stop(ctx, stop.GetReason())
-			}
-			if o, ok := orderOf(cmd, time.Now(), s.cfg.hookTimeout); ok {
-				s.snapshot(ctx, o)
-			}
+			running = s.next(ctx, running, cmd)
 		}
+	}
+}
+
+// leaveOnSignal waits for the running hook, which ctx killed, to be reported.
+func (s *sidecar) leaveOnSignal(running *hookRun) error {
+	s.log.Info("signal received: leaving the run")
+	running.wait()
+	return nil
+}
+
+// next starts the hook of a snapshot command once the running one ended.
+// Issuing a SaveAtDeadline completed the coordinator's snapshot in flight
+// as superseded, so a hook still running for it is killed. The coordinator
+// issues no other snapshot while one is in flight: a hook still running at
+// a Snapshot belongs to one it completed without this worker (timed out),
+// and is left to end, as the sidecar always did.
+func (s *sidecar) next(ctx context.Context, running *hookRun, cmd *v1.Command) *hookRun {
+	switch {
+	case cmd.GetSaveAtDeadline() != nil:
+		running.kill(errSuperseded)
+	case cmd.GetSnapshot() != nil:
+		running.wait()
+	default:
+		return running // PublishCheckpoint is for trainers
+	}
+	if ctx.Err() != nil {
+		return running // ended while waiting: serve leaves
+	}
+	// After the wait: --hook-timeout counts from the hook's start.
+	o, _ := orderOf(cmd, time.Now(), s.cfg.hookTimeout)
+	return s.start(ctx, o)
+}
+
+// hookRun is a snapshot hook running in the background.
+type hookRun struct {
+	cancel context.CancelCauseFunc
+	done   chan struct{} // closed once the hook ended and was reported
+}
+
+// start runs the snapshot hook for o in the background, under a context of
+// its own so that serve can kill it with a cause (see killed).
+func (s *sidecar) start(ctx context.Context, o snapshotOrder) *hookRun {
+	hctx, cancel := context.WithCancelCause(ctx)
+	r := &hookRun{cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(r.done)
+		defer cancel(nil)
+		s.snapshot(hctx, o)
+	}()
+	return r
+}
+
+// wait waits until the hook, if any, has ended and been reported.
+func (r *hookRun) wait() {
+	if r != nil {
+		<-r.done
+	}
+}
+
+// kill kills the hook, if it still runs, for cause, and waits for it.
+func (r *hookRun) kill(cause error) {
+	if r != nil {
+		r.cancel(cause)
+		<-r.done
 	}
 }
 
@@ -197,14 +271,18 @@ func orderOf(cmd *v1.Command, now time.Time, hookTimeout time.Duration) (snapsho
 	return snapshotOrder{}, false // PublishCheckpoint is for trainers
 }
 
-// snapshot runs the hook and reports its outcome and duration. A report
-// that fails (the run ended meanwhile) is logged: the next command decides.
+// snapshot runs the hook and reports its outcome and duration, unless a
+// Stop killed it. A report that fails (the run ended meanwhile) is logged:
+// the next command decides.
 func (s *sidecar) snapshot(ctx context.Context, o snapshotOrder) {
 	s.log.Info("snapshot", "snapshot_id", o.id, "reason", o.reason, "anchor_step", o.anchorStep, "forced", o.forced)
 	res := hook{cmdline: s.cfg.onSnapshot, env: append(s.hookEnv(), snapshotEnv(o)...), killAt: o.mustFinishBy,
 		stdout: s.c.stdout, stderr: s.c.stderr}.run(ctx)
 	outcome := enumWord(res.outcome, "SNAPSHOT_OUTCOME_")
 	s.log.Info("snapshot done", "snapshot_id", o.id, "outcome", outcome, "took", res.took.Round(time.Millisecond), "message", res.message)
+	if errors.Is(context.Cause(ctx), errRunStopped) {
+		return // the run is terminal: the coordinator would refuse the report
+	}
 	// Reported even while shutting down: the coordinator should hear it.
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()

@@ -293,3 +293,94 @@ func TestSupersededSidecarExits(t *testing.T) {
 		t.Errorf("after the first sidecar exited the workers are %v, want the replacement's incarnation 2 LIVE", ws)
 	}
 }
+
+// intervalHook is a --on-snapshot that takes a minute for an interval
+// snapshot and no time for any other.
+const intervalHook = `if [ "$SNAPCOORD_REASON" = interval ]; then sleep 60; fi`
+
+// sidecarInIntervalHook starts a sidecar on a run with a snapshot every
+// second, and waits until its interval hook runs.
+func (s *server) sidecarInIntervalHook(runID string, flags ...string) *proc {
+	s.t.Helper()
+	tok := s.turnRun(runID, "--snapshot-interval", "1")
+	sc := s.sidecar(runID, tok, append([]string{"--on-snapshot", intervalHook}, flags...)...)
+	sc.waitFor(s.t, "the interval hook to start", func(out string) bool { return strings.Contains(out, "reason=interval") })
+	return sc
+}
+
+// snapshotOf returns the run's first snapshot for reason.
+func (s *server) snapshotOf(runID string, reason v1.SnapshotReason) *v1.Snapshot {
+	s.t.Helper()
+	var resp v1.ListSnapshotsResponse
+	s.getJSON(&resp, "snapshots", runID)
+	for _, snap := range resp.GetSnapshots() {
+		if snap.GetReason() == reason {
+			return snap
+		}
+	}
+	s.t.Fatalf("run %s has no %v snapshot: %v", runID, reason, resp.GetSnapshots())
+	return nil
+}
+
+// SaveAtDeadline while a regular snapshot's hook runs (killed only after
+// --hook-timeout): the deadline hook must not wait behind it and miss B.
+// The coordinator superseded the regular snapshot, so the sidecar kills
+// its hook and reports it skipped.
+func TestSidecarDeadlineKillsARegularHook(t *testing.T) {
+	s := startServer(t)
+	sc := s.sidecarInIntervalHook("r1")
+	began := time.Now()
+	s.ok("run", "trigger", "r1")
+	if code := sc.exitCode(t); code != 0 {
+		t.Errorf("sidecar exit %d after Stop, want 0", code)
+	}
+	if took := time.Since(began); took > 10*time.Second {
+		t.Errorf("the deadline save took %v: it waited for the interval hook", took)
+	}
+	if snap, rep := s.deadlineSnapshot("r1"); snap.GetOutcome() != v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SAVED {
+		t.Errorf("deadline snapshot %v (report %v), want SAVED", snap.GetOutcome(), rep)
+	}
+	reps := s.snapshotOf("r1", v1.SnapshotReason_SNAPSHOT_REASON_INTERVAL).GetReports()
+	if len(reps) != 1 || reps[0].GetOutcome() != v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SKIPPED ||
+		!strings.Contains(reps[0].GetMessage(), "hook killed: superseded by the deadline snapshot") {
+		t.Errorf("interval snapshot reports %v, want this worker's SKIPPED: superseded by the deadline snapshot", reps)
+	}
+}
+
+// A hook still running when the sidecar must leave is killed: at a Stop
+// without a report (the run is over), at SIGTERM reported IO_ERROR.
+func TestSidecarLeavingKillsTheHook(t *testing.T) {
+	s := startServer(t)
+	for _, tc := range []struct {
+		name    string
+		leave   func(sc *proc, runID string)
+		message string // the interval snapshot's report; "": none
+	}{
+		{"stop", func(_ *proc, runID string) { s.ok("run", "cancel", runID, "--reason", "test") }, ""},
+		{"sigterm", func(sc *proc, _ string) { _ = sc.cmd.Process.Signal(syscall.SIGTERM) }, "hook killed: the sidecar is shutting down"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			runID := "leave-" + tc.name
+			stopped := filepath.Join(t.TempDir(), "stopped")
+			sc := s.sidecarInIntervalHook(runID, "--on-stop", "touch "+stopped)
+			began := time.Now()
+			tc.leave(sc, runID)
+			if code := sc.exitCode(t); code != 0 {
+				t.Errorf("sidecar exit %d, want 0", code)
+			}
+			if took := time.Since(began); took > 10*time.Second {
+				t.Errorf("the sidecar took %v to leave: the hook was not killed", took)
+			}
+			if _, err := os.Stat(stopped); (err == nil) != (tc.name == "stop") {
+				t.Errorf("stop hook ran: %v, want only at Stop", err == nil)
+			}
+			reps := s.snapshotOf(runID, v1.SnapshotReason_SNAPSHOT_REASON_INTERVAL).GetReports()
+			if tc.message == "" && len(reps) != 0 ||
+				tc.message != "" && (len(reps) != 1 || reps[0].GetOutcome() != v1.SnapshotOutcome_SNAPSHOT_OUTCOME_IO_ERROR ||
+					!strings.Contains(reps[0].GetMessage(), tc.message)) {
+				t.Errorf("interval snapshot reports %v, want %q", reps, tc.message)
+			}
+		})
+	}
+}

@@ -137,6 +137,7 @@ func (w *Worker) stream(ctx context.Context, inc int64) (stopped, progressed boo
 }
 
 func (w *Worker) poll(ctx context.Context, inc int64) (stopped, progressed bool, err error) {
+	// PollWait is whole seconds, 1 to 3600 (see pollWait): exact, and valid.
 	resp, err := w.c.Workers.PollCommands(ctx, &v1.PollCommandsRequest{
 		RunId: w.cfg.RunID, WorkerId: w.ID(), AfterSeq: w.LastSeq(), WaitSeconds: int32(w.cfg.PollWait.Seconds()),
 		Incarnation: inc,

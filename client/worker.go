@@ -44,7 +44,10 @@ type WorkerConfig struct {
 	// also switches to polling by itself when streaming fails.
 	Poll bool
 	// PollWait bounds one long poll; the server answers as soon as a
-	// command is issued. Default 30 s.
+	// command is issued, and may cap the wait lower. The API counts it in
+	// whole seconds, up to an hour: it is rounded up to at least 1 s (0 s
+	// would be answered at once, and the worker would poll in a busy loop)
+	// and capped at 1 h. Default 30 s.
 	PollWait time.Duration
 	// Replay delivers the commands issued before the worker registered too.
 	// By default delivery starts where the coordinator says: at the end of
@@ -59,14 +62,26 @@ type WorkerConfig struct {
 }
 
 func (c WorkerConfig) withDefaults() WorkerConfig {
-	if c.PollWait <= 0 {
-		c.PollWait = 30 * time.Second
-	}
+	c.PollWait = pollWait(c.PollWait)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
 	c.Logger = c.Logger.With("run_id", c.RunID, "worker", c.Name)
 	return c
+}
+
+// maxPollWait is PollCommandsRequest.wait_seconds' upper bound: a longer
+// wait is refused, and would stop the worker.
+const maxPollWait = time.Hour
+
+// pollWait is the wait that PollCommands can take: whole seconds, from 1 s
+// to maxPollWait; 30 s if none was given.
+func pollWait(d time.Duration) time.Duration {
+	if d <= 0 {
+		return 30 * time.Second
+	}
+	d = min(d, maxPollWait) // before rounding up, which could overflow
+	return (d + time.Second - 1).Truncate(time.Second)
 }
 
 // Worker is a registered worker: it heartbeats in the background and

@@ -313,3 +313,46 @@ func TestReplacementProcessDoesThePendingSave(t *testing.T) {
 		t.Fatalf("run %v, %v; want STOPPED", run.GetRun().GetState(), err)
 	}
 }
+
+// PollWait goes out in whole seconds. Under a second it must not reach the
+// coordinator as 0, answered at once (the worker would poll in a busy
+// loop), nor over an hour as more than the API allows (refused: the worker
+// would stop).
+func TestWorkerPollWaitInWholeSeconds(t *testing.T) {
+	for _, wait := range []time.Duration{200 * time.Millisecond, 2 * time.Hour} {
+		t.Run(wait.String(), func(t *testing.T) {
+			co := startCoordinator(t)
+			cl := co.createRun("r1", turnSpec(1))
+			w, err := cl.StartWorker(t.Context(), client.WorkerConfig{RunID: "r1", Role: v1.WorkerRole_WORKER_ROLE_ENVIRONMENT,
+				Name: "env-0", Poll: true, PollWait: wait, Logger: testLogger(t)})
+			if err != nil {
+				t.Fatalf("StartWorker: %v", err)
+			}
+			t.Cleanup(func() { closeWorker(t, w) })
+
+			// Ten heartbeats take a second at least (coordinatorOptions):
+			// two or three polls, each waiting for a command.
+			awaitHeartbeats(t, co.gate, w, 10)
+			if n := co.gate.count("PollCommands"); n > 10 {
+				t.Errorf("%d PollCommands while the worker heartbeat 10 times with PollWait %v, want a few", n, wait)
+			}
+			saveAtDeadline(t, co.dial(""), "r1", w)
+		})
+	}
+}
+
+// awaitHeartbeats waits, at most 15 s, until the coordinator has had n
+// heartbeats; it fails at once if the worker stopped.
+func awaitHeartbeats(t *testing.T, g *gate, w *client.Worker, n int) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for g.count("Heartbeat") < n {
+		if err := w.Err(); err != nil {
+			t.Fatalf("the worker stopped: %v", err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d heartbeats after 15 s, want %d", g.count("Heartbeat"), n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -77,7 +77,12 @@ func ExampleTrainer() {
 	}
 }
 
-// An environment worker saves its state when told to.
+// An environment worker saves its state when told to. Saving in the loop,
+// as here, keeps the example short but reads no command while a save runs:
+// a worker whose regular snapshots can take long should save in the
+// background and cancel a regular save when SaveAtDeadline arrives (the
+// coordinator has then superseded that snapshot, and the deadline save
+// must not wait behind it), as `snapctl sidecar` does.
 func ExampleWorker() {
 	ctx := context.Background()
 	c, err := client.Dial("127.0.0.1:7070", client.WithInsecure(), client.WithRunToken(os.Getenv("SNAPCOORD_RUN_TOKEN")))

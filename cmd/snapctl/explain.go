@@ -11,6 +11,7 @@ import (
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 	"github.com/snapcoord/snapcoord/client"
+	"github.com/snapcoord/snapcoord/server/deadline"
 )
 
 func setupRunExplain(fs *flag.FlagSet, c *cli) func(context.Context, []string) error {
@@ -95,8 +96,7 @@ func verdict(d *v1.Decision) string {
 	if in.GetMustSaveBy() == nil {
 		return actionWord(d.GetAction()) + ": " + d.GetExplanation()
 	}
-	total := in.GetIterationSeconds() + in.GetCheckpointSeconds() + in.GetSaveReserveSeconds() + in.GetMarginSeconds()
-	end := d.GetDecidedAt().AsTime().Add(seconds(total))
+	end := d.GetDecidedAt().AsTime().Add(estimates(in).Total())
 	b := in.GetMustSaveBy().AsTime()
 	sum := fmt.Sprintf("%s + %s + %s + %s", secs(in.GetIterationSeconds()), secs(in.GetCheckpointSeconds()),
 		secs(in.GetSaveReserveSeconds()), secs(in.GetMarginSeconds()))
@@ -144,10 +144,14 @@ func explainNoStep(w io.Writer, run *v1.Run) {
 		fmt.Fprintf(w, ", a step completing from %s on saves and stops", stamp(f))
 	}
 	fmt.Fprintln(w, ".")
-	save := in.GetCheckpointSeconds() + in.GetSaveReserveSeconds() + in.GetMarginSeconds()
-	preStep := b.Add(-seconds(save))
+	preStep := b.Add(-estimates(in).Save())
 	fmt.Fprintf(w, "If snapshots are on and no step completes by B - (C + R + M) = %s (%s), the environment\n"+
 		"workers save the bootstrap state and the run stops.\n", stamp(timestamppb.New(preStep)), relative(preStep, time.Now()))
 }
 
-func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
+// estimates are a decision's inputs as the rule adds them, to the
+// nanosecond the coordinator used.
+func estimates(in *v1.Deadline) deadline.Estimates {
+	return deadline.Estimates{Iteration: in.GetIterationSeconds(), Checkpoint: in.GetCheckpointSeconds(),
+		Reserve: in.GetSaveReserveSeconds(), Margin: in.GetMarginSeconds()}
+}

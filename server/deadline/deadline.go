@@ -38,10 +38,26 @@ type Estimates struct {
 
 // Save is C + R + M: how long the save at a fired step is expected to take,
 // margin included.
-func (e Estimates) Save() float64 { return e.Checkpoint + e.Reserve + e.Margin }
+func (e Estimates) Save() time.Duration { return sum(e.Checkpoint, e.Reserve, e.Margin) }
 
 // Total is I + C + R + M.
-func (e Estimates) Total() float64 { return e.Iteration + e.Save() }
+func (e Estimates) Total() time.Duration { return sum(e.Iteration, e.Checkpoint, e.Reserve, e.Margin) }
+
+// sum adds the terms as durations, each rounded to the nanosecond first,
+// saturating. Added as floats they can come out a nanosecond short (0.7 +
+// 0.1 < 0.8): at now + I + C + R + M exactly B, the rule would continue
+// where it must save.
+func sum(terms ...float64) time.Duration {
+	var d time.Duration
+	for _, s := range terms {
+		t := Seconds(s)
+		if d > math.MaxInt64-t {
+			return time.Duration(math.MaxInt64)
+		}
+		d += t
+	}
+	return d
+}
 
 // Verdict is the outcome of the rule for one completed step.
 type Verdict struct {
@@ -87,7 +103,7 @@ func (Max) Estimate(o Observations) Estimates {
 
 // Decide implements Policy.
 func (p Max) Decide(now, mustSaveBy time.Time, est Estimates) Verdict {
-	end := now.Add(Seconds(est.Total()))
+	end := now.Add(est.Total())
 	terms := fmt.Sprintf("now+I+C+R+M = %s + %s = %s", stamp(now), terms(est), stamp(end))
 	if end.Before(mustSaveBy) {
 		return Verdict{Explanation: fmt.Sprintf("%s < B = %s: continue, %s to spare",
@@ -99,22 +115,23 @@ func (p Max) Decide(now, mustSaveBy time.Time, est Estimates) Verdict {
 
 // FiresAt implements Policy.
 func (Max) FiresAt(mustSaveBy time.Time, est Estimates) time.Time {
-	return mustSaveBy.Add(-Seconds(est.Total()))
+	return mustSaveBy.Add(-est.Total())
 }
 
 // PreStepFiresAt implements Policy.
 func (Max) PreStepFiresAt(mustSaveBy time.Time, est Estimates) time.Time {
-	return mustSaveBy.Add(-Seconds(est.Save()))
+	return mustSaveBy.Add(-est.Save())
 }
 
-// Seconds converts float seconds to a Duration, saturating instead of
+// Seconds converts float seconds to a Duration, rounded to the nanosecond
+// (truncated, 8.2 s would be 8.199999999 s), saturating instead of
 // overflowing for absurd values.
 func Seconds(s float64) time.Duration {
 	const maxSeconds = float64(math.MaxInt64 / int64(time.Second))
 	if s >= maxSeconds {
 		return time.Duration(math.MaxInt64)
 	}
-	return time.Duration(s * float64(time.Second))
+	return time.Duration(math.Round(s * float64(time.Second)))
 }
 
 func terms(e Estimates) string {

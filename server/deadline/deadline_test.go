@@ -50,8 +50,32 @@ func TestMaxEstimate(t *testing.T) {
 
 func TestEstimatesSums(t *testing.T) {
 	e := Estimates{Iteration: 1, Checkpoint: 2, Reserve: 4, Margin: 8}
-	if e.Save() != 14 || e.Total() != 15 {
-		t.Errorf("Save %v Total %v, want 14 and 15", e.Save(), e.Total())
+	if e.Save() != 14*time.Second || e.Total() != 15*time.Second {
+		t.Errorf("Save %v Total %v, want 14 s and 15 s", e.Save(), e.Total())
+	}
+	// As floats, 0.7 + 0.1 < 0.8, and 8.2 s truncated is 8.199999999 s.
+	e = Estimates{Iteration: 0.7, Checkpoint: 0.1, Reserve: 8.2}
+	if e.Save() != 8300*time.Millisecond || e.Total() != 9*time.Second {
+		t.Errorf("Save %v Total %v, want 8.3 s and 9 s", e.Save(), e.Total())
+	}
+	huge := Estimates{Iteration: 1e300, Margin: 1e300}
+	if huge.Total() != time.Duration(math.MaxInt64) {
+		t.Errorf("Total of huge estimates = %v, want saturation", huge.Total())
+	}
+}
+
+// A sum of decimal durations that lands on B exactly fires: the floats
+// must not make it a nanosecond short.
+func TestDecideAtBExactlyWithDecimals(t *testing.T) {
+	b := time.Date(2026, 11, 30, 12, 0, 10, 0, time.UTC)
+	now := b.Add(-10 * time.Second).Add(1800 * time.Millisecond)
+	for _, est := range []Estimates{{Iteration: 8.2}, {Iteration: 7.4, Checkpoint: 0.7, Reserve: 0.1}} {
+		if v := (Max{}).Decide(now, b, est); !v.Fire {
+			t.Errorf("%+v from %s: did not fire (%s)", est, now.Format(time.RFC3339Nano), v.Explanation)
+		}
+		if got := (Max{}).FiresAt(b, est); !got.Equal(now) {
+			t.Errorf("%+v: FiresAt %s, want %s", est, got.Format(time.RFC3339Nano), now.Format(time.RFC3339Nano))
+		}
 	}
 }
 

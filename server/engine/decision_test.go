@@ -178,3 +178,15 @@ func TestLateQuestionBeforeFiredStep(t *testing.T) {
 		t.Fatalf("step 6: %v", d.Action)
 	}
 }
+
+// A step whose now + I lands on B exactly saves, though 1.8 + 8.2 added as
+// floats, or 8.2 s truncated to nanoseconds, comes out a nanosecond short.
+func TestStepEndingAtBExactlySaves(t *testing.T) {
+	h := newHarness(t)
+	h.create("r", &v1.RunSpec{TrainerWorldSize: 1, Checkpointing: &v1.CheckpointingSpec{CheckpointMustSaveBy: "00:00:00:10"}})
+	ranks := h.trainers("r", 1)
+	h.clk.Advance(1800 * time.Millisecond)
+	if d := h.step("r", ranks[0], 1, 8.2); d.Action != v1.StepAction_STEP_ACTION_SAVE_AND_STOP {
+		t.Fatalf("step 1 at B - 8.2 s with an 8.2 s iteration: %v (%s)", d.Action, d.Explanation)
+	}
+}

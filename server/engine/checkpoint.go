@@ -72,11 +72,31 @@ func (m *mut) checkpointSaved(step int64, st *storagev1.StepRecord, rank int32, 
 	case !r.rec.Run.Spec.Checkpointing.DeferredFinalize:
 		m.published(st)
 	case m.isFiredStep(step):
-		r.rec.PublishRequested = true
-		m.command(v1.WorkerRole_WORKER_ROLE_TRAINER, &v1.Command{Kind: &v1.Command_PublishCheckpoint{
-			PublishCheckpoint: &v1.PublishCheckpointCommand{Step: step}}})
+		m.requestPublish(step)
 	}
 	return nil
+}
+
+// requestPublish asks the trainers to publish the fired step's checkpoint,
+// saved by every rank (deferred finalize).
+func (m *mut) requestPublish(step int64) {
+	m.r.rec.PublishRequested = true
+	m.command(v1.WorkerRole_WORKER_ROLE_TRAINER, &v1.Command{Kind: &v1.Command_PublishCheckpoint{
+		PublishCheckpoint: &v1.PublishCheckpointCommand{Step: step}}})
+}
+
+// savedBeforeAsked goes on with the deadline save of a step that fired
+// after every rank had already saved its checkpoint: ranks that checkpoint
+// a step before asking about it. No SAVED that would move the save on is
+// still to come (a rank's second one is a retry), so it moves on now.
+func (m *mut) savedBeforeAsked(st *storagev1.StepRecord) {
+	switch {
+	case !m.isFiredStep(st.Step):
+	case st.Published:
+		m.startDeadlineSave(st.Step)
+	case st.Saved: // deferred finalize
+		m.requestPublish(st.Step)
+	}
 }
 
 func (m *mut) checkpointPublished(step int64, st *storagev1.StepRecord) error {

@@ -99,3 +99,55 @@ func TestDeadlineSaveInTimeIsNotFailed(t *testing.T) {
 		t.Fatalf("%v %q, want STOPPED", got.State, got.FailureMessage)
 	}
 }
+
+// Ranks that save a step's checkpoint before asking about it: when that
+// step fires, the deadline save goes on at once (the deadline snapshot, a
+// PublishCheckpoint with deferred finalize, or the stop), rather than wait
+// for SAVED reports that will not come and fail the run at B.
+func TestDeadlineSaveOfAStepSavedBeforeItFired(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		level    v1.TargetLevel
+		deferred bool
+		want     v1.RunState
+	}{
+		{"no snapshots", v1.TargetLevel_TARGET_LEVEL_SIBLING, false, v1.RunState_RUN_STATE_STOPPED},
+		{"snapshots", v1.TargetLevel_TARGET_LEVEL_TURN, false, v1.RunState_RUN_STATE_SNAPSHOTTING},
+		{"deferred finalize", v1.TargetLevel_TARGET_LEVEL_SIBLING, true, v1.RunState_RUN_STATE_SAVING},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			h.create("r", &v1.RunSpec{TrainerWorldSize: 2,
+				Checkpointing:   &v1.CheckpointingSpec{CheckpointMustSaveBy: "00:01:00:00", DeferredFinalize: tc.deferred},
+				RolloutRecovery: &v1.RolloutRecoverySpec{TargetLevel: tc.level}})
+			ranks := h.trainers("r", 2)
+			envs := h.envs("r", 1)
+			h.stepAll("r", ranks, 1, 10)
+			h.checkpoint("r", ranks, 2, v1.CheckpointPhase_CHECKPOINT_PHASE_SAVED, 5) // before anyone asks about step 2
+			if a := h.stepAll("r", ranks, 2, 3600); a != v1.StepAction_STEP_ACTION_SAVE_AND_STOP {
+				t.Fatalf("step 2: %v, want SAVE_AND_STOP", a)
+			}
+			h.checkpoint("r", ranks, 2, v1.CheckpointPhase_CHECKPOINT_PHASE_SAVED, 5) // as told: a retry
+			h.wantState("r", tc.want)
+			switch tc.want {
+			case v1.RunState_RUN_STATE_SNAPSHOTTING:
+				if sd := h.saveAtDeadline("r", envs...); sd.AnchorStep != 2 {
+					t.Fatalf("SaveAtDeadline anchored to step %d, want 2", sd.AnchorStep)
+				}
+			case v1.RunState_RUN_STATE_SAVING:
+				h.settle("r")
+				var published []int64
+				for _, c := range h.poll("r", ranks[0], 0) {
+					if p := c.GetPublishCheckpoint(); p != nil {
+						published = append(published, p.Step)
+					}
+				}
+				if len(published) != 1 || published[0] != 2 {
+					t.Fatalf("PublishCheckpoint commands for steps %v, want [2]", published)
+				}
+				h.checkpoint("r", ranks[:1], 2, v1.CheckpointPhase_CHECKPOINT_PHASE_PUBLISHED, 0)
+				h.wantState("r", v1.RunState_RUN_STATE_STOPPED)
+			}
+		})
+	}
+}

@@ -68,6 +68,7 @@ func (m *mut) completeStep(ctx context.Context, step int64, iterSeconds float64)
 		Message: fmt.Sprintf("step %d: %s", step, d.Explanation)})
 	runID := m.r.id
 	m.observe(func(ctx context.Context) { m.e.obs.Decision(ctx, runID, step, d.Action) })
+	m.savedBeforeAsked(st)
 	return d, nil
 }
 

@@ -184,7 +184,12 @@ func (e *Engine) deadlineView(r *runState) *v1.Deadline {
 		MarginSeconds:      est.Margin,
 	}
 	if b, ok := r.mustSaveBy(); ok {
-		d.FiresAt = timestamppb.New(e.policy.FiresAt(b, est))
+		// Left out when it falls before year 1 (a B near it, long
+		// estimates): a Timestamp cannot hold it, and the run could not be
+		// shown as JSON.
+		if f := timestamppb.New(e.policy.FiresAt(b, est)); f.CheckValid() == nil {
+			d.FiresAt = f
+		}
 	}
 	return d
 }

@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -102,6 +103,23 @@ func TestCreateRunValidation(t *testing.T) {
 				h.restart()
 			}
 		})
+	}
+}
+
+// A B so early that B - (I + C + R + M) falls before year 1 leaves the run
+// without fires_at, rather than with a Timestamp nothing can marshal.
+func TestFiresAtBeforeYearOneIsLeftOut(t *testing.T) {
+	h := newHarness(t)
+	spec := turnSpec(1, "")
+	spec.Checkpointing.MustSaveBy = timestamppb.New(time.Date(1, 1, 1, 0, 0, 10, 0, time.UTC))
+	spec.Reserve = &v1.ReserveSpec{MarginSeconds: 30}
+	h.create("r", spec)
+	run := h.get("r")
+	if f := run.Deadline.GetFiresAt(); f != nil {
+		t.Fatalf("fires_at %v for B %v", f, run.Deadline.MustSaveBy)
+	}
+	if _, err := protojson.Marshal(run); err != nil {
+		t.Fatalf("the run cannot be shown as JSON: %v", err)
 	}
 }
 

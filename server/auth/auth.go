@@ -19,6 +19,7 @@ import (
 	"crypto/subtle"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors"
@@ -275,9 +276,22 @@ func checkScope(ctx context.Context, req any) error {
 		return status.Error(codes.PermissionDenied, "a run token cannot call this method")
 	}
 	if r.GetRunId() != run {
-		return status.Errorf(codes.PermissionDenied, "the run token is not valid for run %q", r.GetRunId())
+		return status.Errorf(codes.PermissionDenied, "run_id: the run token is not valid for run %s", quoteID(r.GetRunId()))
 	}
 	return nil
+}
+
+// maxQuotedID bounds an id quoted in a message. This check runs before
+// validation, so the id may be as long as a request allows (1 MiB), and
+// the message goes into the call's log line; a valid run id is at most
+// 128 bytes.
+const maxQuotedID = 128
+
+func quoteID(id string) string {
+	if len(id) > maxQuotedID {
+		return strconv.Quote(id[:maxQuotedID]) + fmt.Sprintf("... (%d bytes)", len(id))
+	}
+	return strconv.Quote(id)
 }
 
 // scopedStream applies checkScope to each message the handler receives; a

@@ -2,6 +2,7 @@ package auth
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -184,6 +185,20 @@ func TestWorkerServiceNeedsTheRunsToken(t *testing.T) {
 			}
 			wantCode(t, "StreamCommands", err, tt.want, "")
 		})
+	}
+}
+
+// A run token used on another run is refused with a message that names the
+// field and quotes the run id bounded: the check runs before validation,
+// and the message goes into the call's log line.
+func TestRunTokenOnAnotherRunQuotesItBounded(t *testing.T) {
+	c := serve(t, Options{AdminTokens: []string{adminA}})
+	huge := strings.Repeat("z", 512<<10)
+	_, err := c.workers.Heartbeat(withAuth(t.Context(), bearerOf(tokRunA)), &v1.HeartbeatRequest{RunId: huge, WorkerId: "w-1"})
+	wantCode(t, "Heartbeat of another run", err, codes.PermissionDenied, tokRunA)
+	msg := status.Convert(err).Message()
+	if len(msg) > 300 || !strings.HasPrefix(msg, "run_id: ") || !strings.Contains(msg, fmt.Sprintf("(%d bytes)", len(huge))) {
+		t.Errorf("message of %d bytes: %.300q", len(msg), msg)
 	}
 }
 

@@ -42,6 +42,7 @@ type serveConfig struct {
 
 	// Limits.
 	maxRecvMsgSize       int
+	maxHeaderListSize    uint
 	maxConcurrentStreams uint
 	maxRuns              int
 	maxWorkersPerRun     int
@@ -88,6 +89,7 @@ func newServeFlags(cfg *serveConfig) *flag.FlagSet {
 	fs.BoolVar(&cfg.pprof, "pprof", false, "serve /debug/pprof/ on --metrics-listen")
 
 	fs.IntVar(&cfg.maxRecvMsgSize, "max-recv-msg-size", 1<<20, "largest request message accepted, in `bytes`; larger ones get RESOURCE_EXHAUSTED")
+	fs.UintVar(&cfg.maxHeaderListSize, "max-header-list-size", 32<<10, "largest metadata (HTTP/2 header list, uncompressed) one call may carry, in `bytes`; a call with more is refused")
 	fs.UintVar(&cfg.maxConcurrentStreams, "max-concurrent-streams", 1024, "RPCs open at once on one client connection")
 	fs.IntVar(&cfg.maxRuns, "max-runs", 10000, "runs the coordinator keeps; CreateRun beyond it gets RESOURCE_EXHAUSTED")
 	fs.IntVar(&cfg.maxWorkersPerRun, "max-workers-per-run", 10000, "workers one run may register; more get RESOURCE_EXHAUSTED")
@@ -168,6 +170,9 @@ func (c serveConfig) validate() error {
 		return errors.New("--max-recv-msg-size, --max-runs, --max-workers-per-run and --max-events-per-run must be positive")
 	case c.maxConcurrentStreams == 0 || c.maxConcurrentStreams > math.MaxUint32:
 		return fmt.Errorf("--max-concurrent-streams must be between 1 and %d", uint32(math.MaxUint32))
+	case c.maxHeaderListSize < 1024 || c.maxHeaderListSize > math.MaxUint32:
+		// Below 1 KiB a token and the call's own headers no longer fit.
+		return fmt.Errorf("--max-header-list-size must be between 1024 and %d", uint32(math.MaxUint32))
 	case c.keepaliveMinTime <= 0, c.keepaliveTime <= 0, c.keepaliveTimeout <= 0, c.maxConnectionIdle < 0:
 		return errors.New("--keepalive-min-time, --keepalive-time and --keepalive-timeout must be positive, --max-connection-idle not negative")
 	}

@@ -13,6 +13,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/status"
 
@@ -199,6 +200,7 @@ func TestSecurityFlagErrors(t *testing.T) {
 		{"zero max runs", []string{"--max-runs", "0"}, nil, "--max-runs"},
 		{"negative retention", []string{"--finished-run-retention", "-1h"}, nil, "--finished-run-retention"},
 		{"zero streams", []string{"--max-concurrent-streams", "0"}, nil, "--max-concurrent-streams"},
+		{"tiny header list", []string{"--max-header-list-size", "100"}, nil, "--max-header-list-size"},
 		{"short admin token in env", nil, map[string]string{adminTokenEnv: "short"}, adminTokenEnv},
 		{"short admin token in file", []string{"--admin-token-file", shortTokenFile}, nil, "line 1"},
 		{"missing token file", []string{"--admin-token-file", filepath.Join(t.TempDir(), "none")}, nil, "admin token file"},
@@ -223,7 +225,7 @@ func TestServeHelpListsSecurityAndLimitFlags(t *testing.T) {
 		t.Fatalf("serve --help: exit %d", code)
 	}
 	for _, flag := range []string{"admin-token-file", "insecure", "tls-cert", "tls-key", "client-ca", "reflection",
-		"metrics-listen", "pprof", "max-recv-msg-size", "max-concurrent-streams", "max-runs", "max-workers-per-run",
+		"metrics-listen", "pprof", "max-recv-msg-size", "max-header-list-size", "max-concurrent-streams", "max-runs", "max-workers-per-run",
 		"max-events-per-run", "finished-run-retention", "keepalive-min-time", "keepalive-permit-without-stream", "keepalive-time", "keepalive-timeout", "max-connection-idle"} {
 		if !strings.Contains(stdout.String(), "-"+flag) || !strings.Contains(stdout.String(), envName(flag)) {
 			t.Errorf("help lacks -%s or %s", flag, envName(flag))
@@ -275,12 +277,16 @@ func TestTLSAndMutualTLS(t *testing.T) {
 }
 
 func TestLimitsFromFlags(t *testing.T) {
-	c := startCoordinator(t, nil, "--max-recv-msg-size", "4096", "--max-runs", "1", "--max-workers-per-run", "1")
+	c := startCoordinator(t, nil, "--max-recv-msg-size", "4096", "--max-header-list-size", "2048", "--max-runs", "1", "--max-workers-per-run", "1")
 	conn := dialWith(t, c.addr, nil)
 	runs, workers := v1.NewRunServiceClient(conn), v1.NewWorkerServiceClient(conn)
 
 	_, err := runs.CancelRun(t.Context(), &v1.CancelRunRequest{RunId: "r", Reason: strings.Repeat("x", 8192)})
 	wantCode(t, "an 8 KiB request with --max-recv-msg-size 4096", err, codes.ResourceExhausted)
+	padded := metadata.AppendToOutgoingContext(t.Context(), "x-padding", strings.Repeat("x", 4096))
+	if _, err = runs.ListRuns(padded, &v1.ListRunsRequest{}); err == nil || !strings.Contains(err.Error(), "2048") {
+		t.Errorf("4 KiB of metadata with --max-header-list-size 2048: %v, want refused at 2048 bytes", err)
+	}
 
 	a, err := runs.CreateRun(t.Context(), &v1.CreateRunRequest{RunId: "only", Spec: runSpec(2)})
 	if err != nil {

@@ -175,6 +175,7 @@ func newGRPCServer(cfg serveConfig, adminTokens []string, eng *engine.Engine, te
 	}
 	return grpcserver.New(grpcserver.Config{
 		MaxRecvMsgSize:           cfg.maxRecvMsgSize,
+		MaxHeaderListSize:        uint32(cfg.maxHeaderListSize),
 		MaxConcurrentStreams:     uint32(cfg.maxConcurrentStreams),
 		KeepaliveMinTime:         cfg.keepaliveMinTime,
 		RejectPingsWithoutStream: !cfg.permitPingsNoStream,

@@ -12,6 +12,13 @@ type Config struct {
 	// MaxRecvMsgSize bounds one request message, in bytes. Default 1 MiB:
 	// the largest legitimate request (a CreateRun) is a few hundred bytes.
 	MaxRecvMsgSize int
+	// MaxHeaderListSize bounds one call's metadata (its HTTP/2 header list,
+	// uncompressed), in bytes. Default 32 KiB: a call carries a token and
+	// trace headers. grpc-go's own default, 16 MiB, let a client with no
+	// token hold 16 MiB of decoded metadata per call (HPACK makes it a few
+	// KiB on the wire) by never sending the request: no interceptor, auth
+	// included, runs before the message arrives.
+	MaxHeaderListSize uint32
 	// MaxConcurrentStreams bounds the RPCs open at once on one connection.
 	// Default 1024: one sidecar holds one stream, so this is generous.
 	MaxConcurrentStreams uint32
@@ -54,6 +61,7 @@ type Config struct {
 
 func (c Config) withDefaults() Config {
 	setDefault(&c.MaxRecvMsgSize, 1<<20)
+	setDefault(&c.MaxHeaderListSize, 32<<10)
 	setDefault(&c.MaxConcurrentStreams, 1024)
 	setDefault(&c.KeepaliveMinTime, 10*time.Second)
 	setDefault(&c.KeepaliveTime, 30*time.Second)

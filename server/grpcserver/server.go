@@ -100,6 +100,7 @@ func (s *Server) options(cfg Config, validator protovalidate.Validator) []grpc.S
 		grpc.ChainUnaryInterceptor(unary...),
 		grpc.ChainStreamInterceptor(stream...),
 		grpc.MaxRecvMsgSize(cfg.MaxRecvMsgSize),
+		grpc.MaxHeaderListSize(cfg.MaxHeaderListSize),
 		grpc.MaxConcurrentStreams(cfg.MaxConcurrentStreams),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{
 			MinTime:             cfg.KeepaliveMinTime,

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/status"
 
@@ -183,6 +184,21 @@ func TestOversizedRequestIsRejected(t *testing.T) {
 	_, err := ts.runs.CancelRun(t.Context(), &v1.CancelRunRequest{RunId: "r", Reason: big})
 	if status.Code(err) != codes.ResourceExhausted {
 		t.Errorf("CancelRun(2 MiB) = %v, want RESOURCE_EXHAUSTED", err)
+	}
+}
+
+// A call whose metadata passes the header list limit is refused, naming
+// the limit, and the connection goes on serving.
+func TestOversizedMetadataIsRejected(t *testing.T) {
+	ts := newTestServer(t)
+	ctx := metadata.AppendToOutgoingContext(t.Context(), "x-padding", strings.Repeat("x", 40<<10))
+	_, err := ts.runs.GetRun(ctx, &v1.GetRunRequest{RunId: "r"})
+	if err == nil || !strings.Contains(err.Error(), "32768") {
+		t.Errorf("GetRun with 40 KiB of metadata = %v, want refused at the 32768-byte limit", err)
+	}
+	_, err = ts.runs.GetRun(t.Context(), &v1.GetRunRequest{RunId: "r"})
+	if status.Code(err) != codes.NotFound {
+		t.Errorf("GetRun after it = %v, want NOT_FOUND", err)
 	}
 }
 

@@ -65,7 +65,11 @@ func (c *cursor) next(after int64) (cmds []*v1.Command, changed <-chan struct{},
 	if err := c.r.gone(); err != nil {
 		return nil, nil, 0, false, err
 	}
-	if err := c.r.workers[c.workerID].current(c.incarnation); err != nil {
+	w := c.r.workers[c.workerID]
+	if err := w.current(c.incarnation); err != nil {
+		return nil, nil, 0, false, err
+	}
+	if err := c.r.displaced(w); err != nil {
 		return nil, nil, 0, false, err
 	}
 	settled = c.r.durableCmd.Load() >= c.r.rec.LastCommandSeq

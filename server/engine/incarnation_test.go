@@ -3,6 +3,7 @@ package engine
 import (
 	"errors"
 	"testing"
+	"time"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 )
@@ -182,5 +183,134 @@ func TestStaleReportsAreFenced(t *testing.T) {
 	d, err := h.e.CompleteStep(h.ctx, &v1.CompleteStepRequest{RunId: "r", WorkerId: ranks[0], Step: 2, IterationSeconds: 10, Incarnation: rank.Incarnation})
 	if err != nil || d.Decision.Inputs.GetIterationSeconds() != 10 {
 		t.Fatalf("the replacement's step 2: %v, %v; want a decision from 10 s iterations", d, err)
+	}
+}
+
+// A rank taken over by a process with another name (restarted on another
+// node) fences the old process out, as a new incarnation of its own name
+// would: one cut off from the network, not dead, must not go on acting as
+// the rank. Its open stream ends, and its steps, reports and FinishRun are
+// refused with the reason a client stops on.
+func TestTakenOverRankIsFenced(t *testing.T) {
+	h := newHarness(t)
+	h.create("r", &v1.RunSpec{TrainerWorldSize: 1,
+		Checkpointing: &v1.CheckpointingSpec{CheckpointMustSaveBy: "00:01:00:00", DeferredFinalize: true}})
+	tr := v1.WorkerRole_WORKER_ROLE_TRAINER
+	old, err := h.e.RegisterWorker(h.ctx, &v1.RegisterWorkerRequest{RunId: "r", Role: tr, Name: "node1-rank0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := h.step("r", old.WorkerId, 1, 3600); d.Action != v1.StepAction_STEP_ACTION_SAVE_AND_STOP {
+		t.Fatalf("step 1: %v", d.Action)
+	}
+	h.checkpoint("r", []string{old.WorkerId}, 1, v1.CheckpointPhase_CHECKPOINT_PHASE_SAVED, 5)
+	got := make(chan *v1.Command, 1)
+	streamEnded := make(chan error, 1)
+	go func() {
+		streamEnded <- h.e.StreamCommands(h.ctx, &v1.StreamCommandsRequest{RunId: "r", WorkerId: old.WorkerId, Incarnation: old.Incarnation},
+			func(c *v1.Command) error {
+				got <- c
+				return nil
+			})
+	}()
+	if c := <-got; c.GetPublishCheckpoint().GetStep() != 1 { // the stream is open
+		t.Fatalf("first command %v, want PublishCheckpoint of step 1", c)
+	}
+	h.advance(time.Minute/2, "r") // old is LOST, before B
+	taker := h.register("r", tr, "node2-rank0", 0)
+
+	wantDisplaced := func(what string, err error) {
+		t.Helper()
+		wantErr(t, err, ErrFailedPrecondition, "node2-rank0")
+		if ee, ok := errors.AsType[*Error](err); !ok || ee.Reason != ReasonWorkerSuperseded {
+			t.Fatalf("%s: %v has no reason %s", what, err, ReasonWorkerSuperseded)
+		}
+	}
+	select {
+	case err := <-streamEnded:
+		wantDisplaced("the open stream", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the old process's stream is still open after its rank was taken over")
+	}
+	_, err = h.e.ReportCheckpoint(h.ctx, &v1.ReportCheckpointRequest{RunId: "r", WorkerId: old.WorkerId, Step: 1,
+		Phase: v1.CheckpointPhase_CHECKPOINT_PHASE_PUBLISHED, Incarnation: old.Incarnation})
+	wantDisplaced("ReportCheckpoint", err)
+	_, err = h.e.CompleteStep(h.ctx, &v1.CompleteStepRequest{RunId: "r", WorkerId: old.WorkerId, Step: 2, IterationSeconds: 1, Incarnation: old.Incarnation})
+	wantDisplaced("CompleteStep", err)
+	_, err = h.e.FinishRun(h.ctx, &v1.FinishRunRequest{RunId: "r", WorkerId: old.WorkerId, Incarnation: old.Incarnation})
+	wantDisplaced("FinishRun", err)
+	_, err = h.e.PollCommands(h.ctx, &v1.PollCommandsRequest{RunId: "r", WorkerId: old.WorkerId, Incarnation: old.Incarnation})
+	wantDisplaced("PollCommands", err)
+	h.wantState("r", v1.RunState_RUN_STATE_SAVING)
+
+	h.checkpoint("r", []string{taker}, 1, v1.CheckpointPhase_CHECKPOINT_PHASE_PUBLISHED, 0)
+	h.wantState("r", v1.RunState_RUN_STATE_STOPPED)
+}
+
+// A rank restarted on another node takes the rank over even when the run
+// is at max_workers_per_run: its live workers do not grow. A new name for
+// anything else is still refused at the limit.
+func TestTakeoverAtTheWorkerLimit(t *testing.T) {
+	h := newHarnessWith(t, Options{HeartbeatInterval: 5 * time.Second, MaxWorkersPerRun: 2})
+	h.create("r", turnSpec(2, ""))
+	ranks := h.trainers("r", 2)
+	h.advance(time.Minute, "r", ranks[1]) // rank 0 is LOST
+	tr := v1.WorkerRole_WORKER_ROLE_TRAINER
+	if _, err := h.e.RegisterWorker(h.ctx, &v1.RegisterWorkerRequest{RunId: "r", Role: tr, Name: "node9-rank0", Rank: 0}); err != nil {
+		t.Fatalf("rank 0 restarted on another node at the limit: %v", err)
+	}
+	_, err := h.e.RegisterWorker(h.ctx, &v1.RegisterWorkerRequest{RunId: "r", Role: v1.WorkerRole_WORKER_ROLE_ENVIRONMENT, Name: "env-new"})
+	wantErr(t, err, ErrResourceExhausted, "max_workers_per_run")
+}
+
+// A name new to the coordinator that registers with the incarnation its
+// process held (the data restored from a backup) replaced its own
+// incarnation. Registering again with it, after deregistering, is a new
+// incarnation and the worker is live again, not the repeat of a lost answer.
+func TestRegisterAgainAfterRegisteringWithAnIncarnation(t *testing.T) {
+	h := newHarness(t)
+	h.create("r", turnSpec(1, ""))
+	env := v1.WorkerRole_WORKER_ROLE_ENVIRONMENT
+	first, err := h.e.RegisterWorker(h.ctx, &v1.RegisterWorkerRequest{RunId: "r", Role: env, Name: "env-x", Incarnation: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.e.DeregisterWorker(h.ctx, &v1.DeregisterWorkerRequest{RunId: "r", WorkerId: first.WorkerId, Incarnation: first.Incarnation}); err != nil {
+		t.Fatal(err)
+	}
+	again, err := h.e.RegisterWorker(h.ctx, &v1.RegisterWorkerRequest{RunId: "r", Role: env, Name: "env-x", Incarnation: first.Incarnation})
+	if err != nil || again.Incarnation != first.Incarnation+1 {
+		t.Fatalf("registering again: %v, %v; want incarnation %d", again, err, first.Incarnation+1)
+	}
+	if _, err := h.e.Heartbeat(h.ctx, &v1.HeartbeatRequest{RunId: "r", WorkerId: again.WorkerId, Incarnation: again.Incarnation}); err != nil {
+		t.Fatalf("heartbeat after registering again: %v", err)
+	}
+}
+
+// RegisterWorker's bad inputs: each gets its own status, naming the field,
+// whether or not the name is already registered.
+func TestRegisterWorkerRefusals(t *testing.T) {
+	h := newHarness(t)
+	h.create("r", turnSpec(2, ""))
+	h.envs("r", 1) // env-aa
+	h.trainers("r", 1)
+	tr, env := v1.WorkerRole_WORKER_ROLE_TRAINER, v1.WorkerRole_WORKER_ROLE_ENVIRONMENT
+	for _, tc := range []struct {
+		name string
+		req  *v1.RegisterWorkerRequest
+		kind error
+		want string
+	}{
+		{"environment with a rank", &v1.RegisterWorkerRequest{Role: env, Name: "env-new", Rank: 3}, ErrInvalidArgument, "rank"},
+		{"known environment with a rank", &v1.RegisterWorkerRequest{Role: env, Name: "env-aa", Rank: 3}, ErrInvalidArgument, "rank"},
+		{"rank outside the world", &v1.RegisterWorkerRequest{Role: tr, Name: "node-rank5", Rank: 5}, ErrInvalidArgument, "rank"},
+		{"rank held by a live worker", &v1.RegisterWorkerRequest{Role: tr, Name: "node-other", Rank: 0}, ErrAlreadyExists, "rank"},
+		{"known name, another role", &v1.RegisterWorkerRequest{Role: tr, Name: "env-aa", Rank: 1}, ErrAlreadyExists, "name"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.req.RunId = "r"
+			_, err := h.e.RegisterWorker(h.ctx, tc.req)
+			wantErr(t, err, tc.kind, tc.want+":")
+		})
 	}
 }

@@ -33,7 +33,29 @@ func (r *runState) worker(id string, incarnation int64, role v1.WorkerRole, rpc 
 	if err := w.current(incarnation); err != nil {
 		return nil, err
 	}
+	if err := r.displaced(w); err != nil {
+		return nil, err
+	}
 	return w, nil
+}
+
+// displaced refuses a trainer whose rank another process took over
+// (releaseRank), like an older incarnation of its own name: a process cut
+// off from the network, not dead, would otherwise go on acting as the
+// rank, and its SAVED, its steps and its FinishRun count as the rank's.
+func (r *runState) displaced(w *workerState) error {
+	if w.w.Role != v1.WorkerRole_WORKER_ROLE_TRAINER || w.w.State != v1.WorkerState_WORKER_STATE_LEFT {
+		return nil
+	}
+	for _, o := range r.workers {
+		if o != w && o.w.Role == v1.WorkerRole_WORKER_ROLE_TRAINER && o.w.Rank == w.w.Rank &&
+			o.w.State != v1.WorkerState_WORKER_STATE_LEFT {
+			return &Error{Kind: ErrFailedPrecondition, Reason: ReasonWorkerSuperseded, Msg: fmt.Sprintf(
+				"worker_id: %s (%q) left rank %d, which %s (%q) holds now; this process was superseded and must stop",
+				w.w.WorkerId, w.w.Name, w.w.Rank, o.w.WorkerId, o.w.Name)}
+		}
+	}
+	return nil
 }
 
 // current checks that a call comes from the worker's current incarnation,
@@ -91,8 +113,12 @@ func (m *mut) register(req *v1.RegisterWorkerRequest) (*workerState, error) {
 	// A superseded process hears so whatever the run's state: it must stop,
 	// not take "the run is over" for a reason to try again.
 	w := r.byName[req.Name]
-	if w != nil && req.Incarnation != 0 && req.Incarnation == w.w.ReplacedIncarnation {
-		return w, nil // the repeat of a re-register whose answer was lost
+	if w != nil && req.Incarnation != 0 && req.Incarnation == w.w.ReplacedIncarnation && req.Incarnation != w.w.Incarnation {
+		// The repeat of a re-register whose answer was lost. (A name new
+		// to the coordinator that registered with the incarnation it held,
+		// after a restore from backup, replaced its own incarnation: a
+		// re-register with it is a new one.)
+		return w, nil
 	}
 	if w != nil {
 		if err := w.current(req.Incarnation); err != nil {
@@ -106,7 +132,7 @@ func (m *mut) register(req *v1.RegisterWorkerRequest) (*workerState, error) {
 		return nil, err
 	}
 	if w == nil {
-		if len(r.workers) >= m.e.opts.MaxWorkersPerRun {
+		if len(r.workers) >= m.e.opts.MaxWorkersPerRun && !m.takesOverRank(req) {
 			return nil, errorf(ErrResourceExhausted, "limit max_workers_per_run (%d) reached in run %q", m.e.opts.MaxWorkersPerRun, r.id)
 		}
 		r.rec.LastWorkerNum++
@@ -190,13 +216,13 @@ func workerID(runID string, n int64) string {
 // live process; a re-register keeps its role and rank.
 func (m *mut) checkRank(req *v1.RegisterWorkerRequest) error {
 	r := m.r
+	if req.Role == v1.WorkerRole_WORKER_ROLE_ENVIRONMENT && req.Rank != 0 {
+		return errorf(ErrInvalidArgument, "rank: must be 0 for WORKER_ROLE_ENVIRONMENT")
+	}
 	if prev := r.byName[req.Name]; prev != nil && (prev.w.Role != req.Role || prev.w.Rank != req.Rank) {
 		return errorf(ErrAlreadyExists, "name: %q is registered as %s rank %d", req.Name, prev.w.Role, prev.w.Rank)
 	}
 	if req.Role == v1.WorkerRole_WORKER_ROLE_ENVIRONMENT {
-		if req.Rank != 0 {
-			return errorf(ErrInvalidArgument, "rank: must be 0 for WORKER_ROLE_ENVIRONMENT")
-		}
 		return nil
 	}
 	if size := r.rec.Run.Spec.TrainerWorldSize; req.Rank >= size {
@@ -211,6 +237,22 @@ func (m *mut) checkRank(req *v1.RegisterWorkerRequest) error {
 	return nil
 }
 
+// takesOverRank: a trainer registering under a new name for a rank another
+// name held (checkRank made sure that one is not live). The run's live
+// workers do not grow, so max_workers_per_run does not apply: a limit sized
+// to the job must not stop a rank restarting on another node.
+func (m *mut) takesOverRank(req *v1.RegisterWorkerRequest) bool {
+	if req.Role != v1.WorkerRole_WORKER_ROLE_TRAINER {
+		return false
+	}
+	for _, w := range m.r.workers {
+		if w.w.Role == req.Role && w.w.Rank == req.Rank {
+			return true
+		}
+	}
+	return false
+}
+
 // releaseRank retires a lost or departed holder of the rank taken over by a
 // process with another name (a rank restarted on another node).
 func (m *mut) releaseRank(req *v1.RegisterWorkerRequest, taker *workerState) {
@@ -220,6 +262,7 @@ func (m *mut) releaseRank(req *v1.RegisterWorkerRequest, taker *workerState) {
 	for _, w := range m.r.workers {
 		if w != taker && w.w.Role == req.Role && w.w.Rank == req.Rank && w.w.State != v1.WorkerState_WORKER_STATE_LEFT {
 			m.leave(w, fmt.Sprintf("rank %d taken over by %q", req.Rank, req.Name))
+			m.notify.commands = true // its streams and polls must end: see displaced
 		}
 	}
 }

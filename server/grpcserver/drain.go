@@ -3,6 +3,8 @@ package grpcserver
 import (
 	"context"
 	"errors"
+	"sync"
+	"sync/atomic"
 
 	middleware "github.com/grpc-ecosystem/go-grpc-middleware/v2"
 	"google.golang.org/grpc"
@@ -41,14 +43,46 @@ type drainer struct {
 	ctx    context.Context
 	start  func()
 	exempt map[string]bool
+
+	// calls counts the calls in progress that shutdown waits for: every
+	// unary call and the engine's long calls, once they reached the
+	// interceptors. Shutdown cuts the rest once these are done: a
+	// reflection stream (blocked reading its next request, it cannot see a
+	// cancelled context) and a call whose request never arrived (no
+	// interceptor has run for it). GracefulStop would wait for them until
+	// the drain timeout, and then cut every call, short writes included.
+	calls    atomic.Int64
+	draining atomic.Bool
+	idleOnce sync.Once
+	idle     chan struct{}
 }
 
 func newDrainer() *drainer {
 	ctx, cancel := context.WithCancelCause(context.Background())
-	return &drainer{ctx: ctx, start: func() { cancel(errDrained) }}
+	return &drainer{ctx: ctx, start: func() { cancel(errDrained) }, idle: make(chan struct{})}
+}
+
+func (d *drainer) enter() { d.calls.Add(1) }
+
+func (d *drainer) leave() {
+	if d.calls.Add(-1) == 0 && d.draining.Load() {
+		d.idleOnce.Do(func() { close(d.idle) })
+	}
+}
+
+// quiet returns a channel closed once no call that shutdown waits for is
+// in progress; from the first call on, the last call to end closes it.
+func (d *drainer) quiet() <-chan struct{} {
+	d.draining.Store(true)
+	if d.calls.Load() == 0 {
+		d.idleOnce.Do(func() { close(d.idle) })
+	}
+	return d.idle
 }
 
 func (d *drainer) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	d.enter()
+	defer d.leave()
 	if !longPolls[info.FullMethod] || d.exempt[info.FullMethod] {
 		return handler(ctx, req)
 	}
@@ -62,6 +96,10 @@ func (d *drainer) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo
 }
 
 func (d *drainer) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	if engineLongCalls[info.FullMethod] {
+		d.enter()
+		defer d.leave()
+	}
 	if d.exempt[info.FullMethod] {
 		return handler(srv, ss)
 	}

@@ -138,8 +138,10 @@ func (s *Server) Serve(lis net.Listener) error {
 
 // Shutdown reports NOT_SERVING, ends long-lived RPCs (streams, long polls)
 // with UNAVAILABLE so their clients reconnect elsewhere or later, and waits
-// for the other RPCs to finish. When ctx ends first it cuts them off and
-// returns ctx's error. It is safe to call more than once and concurrently.
+// for the other RPCs to finish; then it cuts what is left, which cannot
+// hold a write (see drainer.calls). When ctx ends first it cuts them all
+// off and returns ctx's error. It is safe to call more than once and
+// concurrently.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.stopOnce.Do(s.beginStop)
 	// A ctx already done leaves no time to drain: checked first, because
@@ -147,6 +149,11 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	if ctx.Err() == nil {
 		select {
 		case <-s.stopped:
+			return nil
+		case <-s.drain.quiet():
+			// What is left is safe to cut: see drainer.calls.
+			s.grpc.Stop()
+			<-s.stopped
 			return nil
 		case <-ctx.Done():
 		}

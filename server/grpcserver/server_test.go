@@ -258,6 +258,40 @@ func shutdown(t *testing.T, srv *Server) {
 	}
 }
 
+// Calls that cannot see the drain must not hold shutdown for the drain
+// timeout (after which every call, short writes included, is cut): an idle
+// reflection stream, blocked reading its next request, and a call whose
+// request never arrived, for which no interceptor has run.
+func TestShutdownIsNotHeldByCallsOutsideTheDrain(t *testing.T) {
+	ts := newTestServer(t)
+	refl, err := reflectionpb.NewServerReflectionClient(ts.conn).ServerReflectionInfo(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := refl.Send(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := refl.Recv(); err != nil {
+		t.Fatalf("reflection: %v", err)
+	}
+	unsent, err := ts.conn.NewStream(t.Context(), &grpc.StreamDesc{ClientStreams: true}, v1.RunService_GetRun_FullMethodName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ts.runs.ListRuns(t.Context(), &v1.ListRunsRequest{}); err != nil { // the unsent call's headers are in
+		t.Fatal(err)
+	}
+
+	began := time.Now()
+	shutdown(t, ts.srv) // fails if the 10 s drain ran out
+	if took := time.Since(began); took > 5*time.Second {
+		t.Errorf("Shutdown took %v", took)
+	}
+	if err := unsent.RecvMsg(new(v1.GetRunResponse)); status.Code(err) != codes.Unavailable && status.Code(err) != codes.Canceled {
+		t.Errorf("the call whose request never came: %v, want it cut off", err)
+	}
+}
+
 // A long poll must not hold shutdown for the drain timeout either.
 func TestShutdownEndsLongPoll(t *testing.T) {
 	ts := newTestServer(t)

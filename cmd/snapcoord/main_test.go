@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"os"
@@ -142,9 +141,9 @@ func envWithoutSnapcoord() []string {
 
 func lines(s string) []string {
 	var out []string
-	sc := bufio.NewScanner(strings.NewReader(s))
-	for sc.Scan() {
-		out = append(out, sc.Text())
+	// Not bufio.Scanner: it stops without a word at a line over 64 KiB.
+	for line := range strings.Lines(s) {
+		out = append(out, strings.TrimSuffix(line, "\n"))
 	}
 	return out
 }

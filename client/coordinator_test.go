@@ -159,13 +159,15 @@ type gate struct {
 	calls         map[string]int    // by method name ("GetRun")
 	auth          map[string]string // the last authorization header, by method name
 	failNext      map[string]int    // calls still to fail with UNAVAILABLE, by method name
+	loseReply     map[string]int    // calls still to run whose answer is then lost (UNAVAILABLE), by method name
 	rejectStreams bool              // StreamCommands answers UNIMPLEMENTED
 	streamed      chan struct{}     // closed at the first StreamCommands
 	partitioned   bool              // Heartbeat and RegisterWorker answer UNAVAILABLE
 }
 
 func newGate() *gate {
-	return &gate{calls: map[string]int{}, auth: map[string]string{}, failNext: map[string]int{}, streamed: make(chan struct{})}
+	return &gate{calls: map[string]int{}, auth: map[string]string{}, failNext: map[string]int{}, loseReply: map[string]int{},
+		streamed: make(chan struct{})}
 }
 
 func (g *gate) admit(ctx context.Context, fullMethod string) error {
@@ -195,7 +197,14 @@ func (g *gate) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h
 	if err := g.admit(ctx, info.FullMethod); err != nil {
 		return nil, err
 	}
-	return handler(ctx, req)
+	resp, err := handler(ctx, req)
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if name := info.FullMethod[strings.LastIndex(info.FullMethod, "/")+1:]; g.loseReply[name] > 0 {
+		g.loseReply[name]--
+		return nil, status.Error(codes.Unavailable, "gate: the answer was lost")
+	}
+	return resp, err
 }
 
 func (g *gate) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {

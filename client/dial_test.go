@@ -41,16 +41,27 @@ func TestRetriesOnlyIdempotentCalls(t *testing.T) {
 	}
 
 	// Not safe to repeat: one attempt, and the caller sees the error.
-	co.gate.set(func(g *gate) { g.failNext["CreateRun"], g.failNext["TriggerDeadline"] = 1, 1 })
-	if _, err := admin.Runs.CreateRun(ctx, &v1.CreateRunRequest{RunId: "r2", Spec: turnSpec(1)}); status.Code(err) != codes.Unavailable {
-		t.Errorf("CreateRun = %v, want the UNAVAILABLE unretried", err)
-	}
+	co.gate.set(func(g *gate) { g.failNext["TriggerDeadline"] = 1 })
 	if _, err := admin.Runs.TriggerDeadline(ctx, &v1.TriggerDeadlineRequest{RunId: "r1"}); status.Code(err) != codes.Unavailable {
 		t.Errorf("TriggerDeadline = %v, want the UNAVAILABLE unretried", err)
 	}
-	if c, tr := co.gate.count("CreateRun"), co.gate.count("TriggerDeadline"); c != 2 || tr != 1 {
-		// createRun above made the first CreateRun call.
-		t.Errorf("CreateRun calls = %d, TriggerDeadline calls = %d; want 2 and 1", c, tr)
+	if tr := co.gate.count("TriggerDeadline"); tr != 1 {
+		t.Errorf("TriggerDeadline calls = %d, want 1", tr)
+	}
+
+	// CreateRun whose answer was lost: the retry gets a new token for the
+	// run the first attempt created, and the token works.
+	co.gate.set(func(g *gate) { g.loseReply["CreateRun"] = 1 })
+	created, err := admin.Runs.CreateRun(ctx, &v1.CreateRunRequest{RunId: "r2", Spec: turnSpec(1)})
+	if err != nil || created.GetRunToken() == "" {
+		t.Fatalf("CreateRun after a lost answer: %v, token %q; want a token", err, created.GetRunToken())
+	}
+	if c := co.gate.count("CreateRun"); c != 3 { // createRun above made the first call
+		t.Errorf("CreateRun calls = %d, want 3", c)
+	}
+	worker := co.dial(created.GetRunToken())
+	if _, err := worker.Workers.RegisterWorker(ctx, &v1.RegisterWorkerRequest{RunId: "r2", Role: v1.WorkerRole_WORKER_ROLE_TRAINER, Name: "rank-0"}); err != nil {
+		t.Errorf("RegisterWorker with the retry's token: %v", err)
 	}
 
 	// Other codes are answers, not outages.

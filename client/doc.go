@@ -27,9 +27,9 @@
 // jittered exponential backoff (RetryPolicy; go-grpc-middleware's retry
 // interceptor). Safe to repeat are reads, UpdateDeadline, CancelRun,
 // RegisterWorker, Heartbeat, DeregisterWorker, CompleteStep and every
-// report, because the coordinator deduplicates them. CreateRun is not
-// retried: its run token is returned only once, and a retry after a lost
-// reply would silently lose it. TriggerDeadline is not retried: a retry
+// report, because the coordinator deduplicates them, and CreateRun, whose
+// repeat before any worker registered gets a new run token (the one in a
+// lost reply stops working). TriggerDeadline is not retried: a retry
 // after a lost reply could report "already fired" for a call that worked.
 // Streams are resumed from their last sequence number instead of re-sent.
 package client

@@ -68,12 +68,12 @@ var retried = map[string]bool{
 	v1.WorkerService_FinishRun_FullMethodName:        true,
 	// Reads the command log; changes nothing.
 	v1.WorkerService_PollCommands_FullMethodName: true,
+	// A repeat with the same spec before any worker registered gets a new
+	// token, the earlier one (in the lost reply) no longer working; a
+	// conflicting spec is ALREADY_EXISTS, not retried.
+	v1.RunService_CreateRun_FullMethodName: true,
 
 	// Deliberately absent:
-	//  - CreateRun: the run token is returned only by the call that created
-	//    the run. A retry after a lost reply would "succeed" with no token,
-	//    turning a transient error into a lost credential; the caller must
-	//    see the error instead.
 	//  - TriggerDeadline: a retry after a lost reply may answer
 	//    FAILED_PRECONDITION ("already fired") for a call that worked.
 	//  - StreamCommands, WatchRun: streams resume from the last sequence

@@ -76,19 +76,40 @@ func (m *mut) start() {
 	m.armInterval(true)
 }
 
+// createAgain answers a CreateRun of a run that exists: the same spec is a
+// repeat, a different one ALREADY_EXISTS. The token cannot be returned
+// again (only its hash is kept); until a worker has registered, a repeat
+// gets a new one instead, and the earlier one stops working. A caller
+// whose first answer was lost (a timeout, a coordinator killed right after
+// the commit) would otherwise hold a run no worker can ever join.
 func (e *Engine) createAgain(ctx context.Context, r *runState, spec *v1.RunSpec) (*v1.CreateRunResponse, error) {
-	var view *v1.Run
-	err := e.view(ctx, r.id, func(r *runState) error {
+	resp := &v1.CreateRunResponse{}
+	var oldHash, newHash []byte
+	err := e.mutateRun(ctx, r, func(m *mut) error {
 		if !sameSpec(r.rec.Run.Spec, spec) {
 			return errorf(ErrAlreadyExists, "run %q already exists with a different spec", r.id)
 		}
-		view = r.view()
+		if r.rec.LastWorkerNum == 0 && !r.terminal() {
+			oldHash = r.rec.TokenHash
+			resp.RunToken, newHash = newToken()
+			r.rec.TokenHash = newHash
+			m.dirty()
+			m.event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_WARNING,
+				Message: "run token reissued: CreateRun repeated with the same spec before any worker registered (its first answer may have been lost); the earlier token no longer works"})
+		}
+		resp.Run = r.view()
 		return nil
 	})
 	if err != nil {
 		return nil, err
 	}
-	return &v1.CreateRunResponse{Run: view}, nil
+	if newHash != nil {
+		e.mu.Lock()
+		delete(e.tokens, string(oldHash))
+		e.tokens[string(newHash)] = r.id
+		e.mu.Unlock()
+	}
+	return resp, nil
 }
 
 func newToken() (token string, hash []byte) {

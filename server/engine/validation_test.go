@@ -137,19 +137,39 @@ func TestCreateRunIdempotent(t *testing.T) {
 	}
 	h.advance(time.Minute, "r")
 
+	// Before any worker registered, a repeat gets a new token (the first
+	// answer may have been lost), and the token before it stops working.
 	withStart := proto.Clone(spec).(*v1.RunSpec)
 	withStart.StartedAt = timestamppb.New(t0) // what the server filled in
+	tok := first.RunToken
 	for i, s := range []*v1.RunSpec{spec, withStart} {
 		again, err := h.e.CreateRun(h.ctx, &v1.CreateRunRequest{RunId: "r", Spec: s})
 		if err != nil {
 			t.Fatalf("retry %d: %v", i, err)
 		}
-		if again.RunToken != "" {
-			t.Fatalf("retry %d returned a run token", i)
+		if again.RunToken == "" || again.RunToken == tok {
+			t.Fatalf("retry %d before any worker: token %q, want a new one", i, again.RunToken)
 		}
+		if _, ok := h.e.RunForToken(tok); ok {
+			t.Fatalf("retry %d: the earlier token still works", i)
+		}
+		tok = again.RunToken
 		if !proto.Equal(again.Run, h.get("r")) || !proto.Equal(again.Run.Spec, first.Run.Spec) {
 			t.Fatalf("retry %d returned %v, want the run %v", i, again.Run, first.Run)
 		}
+	}
+	h.restart()
+	if id, ok := h.e.RunForToken(tok); !ok || id != "r" {
+		t.Fatalf("after a restart the reissued token gives run %q, %v", id, ok)
+	}
+	// Once a worker registered, the token is in use: a repeat returns none.
+	h.envs("r", 1)
+	again, err := h.e.CreateRun(h.ctx, &v1.CreateRunRequest{RunId: "r", Spec: spec})
+	if err != nil || again.RunToken != "" {
+		t.Fatalf("retry after a worker registered: %v, token %q; want none", err, again.GetRunToken())
+	}
+	if _, ok := h.e.RunForToken(tok); !ok {
+		t.Fatal("the token in use stopped working")
 	}
 	events := len(h.events("r"))
 
@@ -172,7 +192,7 @@ func TestCreateRunIdempotent(t *testing.T) {
 
 	// After a restart the retry is still recognised.
 	h.restart()
-	again, err := h.e.CreateRun(h.ctx, &v1.CreateRunRequest{RunId: "r", Spec: spec})
+	again, err = h.e.CreateRun(h.ctx, &v1.CreateRunRequest{RunId: "r", Spec: spec})
 	if err != nil || again.RunToken != "" {
 		t.Fatalf("retry after restart: %v, token %q", err, again.GetRunToken())
 	}
@@ -187,8 +207,8 @@ func TestCreateRunIdempotentWithoutStartedAt(t *testing.T) {
 	h.advance(time.Minute, "r")
 	spec.StartedAt = nil
 	again, err := h.e.CreateRun(h.ctx, &v1.CreateRunRequest{RunId: "r", Spec: spec})
-	if err != nil || again.RunToken != "" {
-		t.Fatalf("retry without started_at: %v, token %q", err, again.GetRunToken())
+	if err != nil {
+		t.Fatalf("retry without started_at: %v", err)
 	}
 	if !again.Run.Spec.StartedAt.AsTime().Equal(t0.Add(-10 * time.Minute)) {
 		t.Fatalf("started_at %v", again.Run.Spec.StartedAt.AsTime())

@@ -113,7 +113,7 @@ func TestExitStatuses(t *testing.T) {
 		{"sidecar without a hook", exitUsage, nil, []string{"sidecar", "--run", "r1"}},
 		{"unknown run", exitNotFound, nil, []string{"run", "get", "nope"}},
 		{"no such step", exitNotFound, nil, []string{"run", "explain", "r1", "--step", "7"}},
-		{"same run again", exitConflict, nil, []string{"run", "create", "r1", "--world-size", "1", "--budget", "00:01:00:00"}},
+		{"same run again, no worker yet: a new token", exitOK, nil, []string{"run", "create", "r1", "--world-size", "1", "--budget", "00:01:00:00"}},
 		{"same id, other spec", exitConflict, nil, []string{"run", "create", "r1", "--world-size", "2"}},
 		{"coordinator unreachable", exitUnavailable, []string{"SNAPCOORD_ADDR=127.0.0.1:1"}, []string{"run", "get", "r1", "--timeout", "1s"}},
 		{"no admin token", exitAuth, []string{"SNAPCOORD_TOKEN="}, []string{"run", "get", "r1"}},

@@ -159,12 +159,16 @@ func (c *cli) createRun(ctx context.Context, runID string, spec *v1.RunSpec) err
 		return fmt.Errorf("create run %s: %w", runID, err)
 	}
 	if resp.GetRunToken() == "" {
-		return withExit(exitConflict, fmt.Errorf("run %s already exists with this spec: its run token was printed when it was created and is not shown again", runID))
+		return withExit(exitConflict, fmt.Errorf("run %s already exists with this spec and its workers use its token, which is not shown again", runID))
 	}
 	if c.output == "json" {
 		return c.printJSON(resp, "  ")
 	}
 	fmt.Fprintf(c.stdout, "export SNAPCOORD_RUN_ID='%s'\nexport SNAPCOORD_RUN_TOKEN='%s'\n", runID, resp.GetRunToken())
-	fmt.Fprintf(c.stderr, "snapctl: created run %s: %s; its token is in SNAPCOORD_RUN_TOKEN\n", runID, describeDeadline(resp.GetRun(), time.Now()))
+	what := "created run"
+	if resp.GetTokenReissued() {
+		what = "run already existed with this spec and no worker yet, so it has a new token (the earlier one no longer works):"
+	}
+	fmt.Fprintf(c.stderr, "snapctl: %s %s: %s; its token is in SNAPCOORD_RUN_TOKEN\n", what, runID, describeDeadline(resp.GetRun(), time.Now()))
 	return nil
 }

@@ -92,6 +92,7 @@ func (e *Engine) createAgain(ctx context.Context, r *runState, spec *v1.RunSpec)
 		if r.rec.LastWorkerNum == 0 && !r.terminal() {
 			oldHash = r.rec.TokenHash
 			resp.RunToken, newHash = newToken()
+			resp.TokenReissued = true
 			r.rec.TokenHash = newHash
 			m.dirty()
 			m.event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_WARNING,

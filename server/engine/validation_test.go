@@ -147,7 +147,7 @@ func TestCreateRunIdempotent(t *testing.T) {
 		if err != nil {
 			t.Fatalf("retry %d: %v", i, err)
 		}
-		if again.RunToken == "" || again.RunToken == tok {
+		if again.RunToken == "" || again.RunToken == tok || !again.TokenReissued {
 			t.Fatalf("retry %d before any worker: token %q, want a new one", i, again.RunToken)
 		}
 		if _, ok := h.e.RunForToken(tok); ok {

@@ -83,9 +83,13 @@ type CreateRunResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The run as stored.
 	Run *Run `protobuf:"bytes,1,opt,name=run,proto3" json:"run,omitempty"`
-	// Bearer token for this run's WorkerService calls. Returned only by the
-	// call that created the run; empty on an idempotent repeat.
-	RunToken      string `protobuf:"bytes,2,opt,name=run_token,json=runToken,proto3" json:"run_token,omitempty"`
+	// Bearer token for this run's WorkerService calls. The coordinator keeps
+	// only its hash: a repeat with the same spec before any worker registered
+	// gets a new token (token_reissued), after that none.
+	RunToken string `protobuf:"bytes,2,opt,name=run_token,json=runToken,proto3" json:"run_token,omitempty"`
+	// The run existed with this spec and run_token replaces its earlier
+	// token, which no longer works (the first answer may have been lost).
+	TokenReissued bool `protobuf:"varint,3,opt,name=token_reissued,json=tokenReissued,proto3" json:"token_reissued,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -132,6 +136,13 @@ func (x *CreateRunResponse) GetRunToken() string {
 		return x.RunToken
 	}
 	return ""
+}
+
+func (x *CreateRunResponse) GetTokenReissued() bool {
+	if x != nil {
+		return x.TokenReissued
+	}
+	return false
 }
 
 // GetRunRequest names a run.
@@ -1016,10 +1027,11 @@ const file_snapcoord_v1_run_service_proto_rawDesc = "" +
 	"\x1esnapcoord/v1/run_service.proto\x12\fsnapcoord.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18snapcoord/v1/event.proto\x1a\x16snapcoord/v1/run.proto\x1a\x19snapcoord/v1/worker.proto\"\x81\x01\n" +
 	"\x10CreateRunRequest\x12:\n" +
 	"\x06run_id\x18\x01 \x01(\tB#\xbaH r\x1e2\x1c^[a-z0-9][a-z0-9._-]{0,127}$R\x05runId\x121\n" +
-	"\x04spec\x18\x02 \x01(\v2\x15.snapcoord.v1.RunSpecB\x06\xbaH\x03\xc8\x01\x01R\x04spec\"U\n" +
+	"\x04spec\x18\x02 \x01(\v2\x15.snapcoord.v1.RunSpecB\x06\xbaH\x03\xc8\x01\x01R\x04spec\"|\n" +
 	"\x11CreateRunResponse\x12#\n" +
 	"\x03run\x18\x01 \x01(\v2\x11.snapcoord.v1.RunR\x03run\x12\x1b\n" +
-	"\trun_token\x18\x02 \x01(\tR\brunToken\"K\n" +
+	"\trun_token\x18\x02 \x01(\tR\brunToken\x12%\n" +
+	"\x0etoken_reissued\x18\x03 \x01(\bR\rtokenReissued\"K\n" +
 	"\rGetRunRequest\x12:\n" +
 	"\x06run_id\x18\x01 \x01(\tB#\xbaH r\x1e2\x1c^[a-z0-9][a-z0-9._-]{0,127}$R\x05runId\"5\n" +
 	"\x0eGetRunResponse\x12#\n" +

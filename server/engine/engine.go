@@ -217,10 +217,29 @@ func (e *Engine) mutateRun(ctx context.Context, r *runState, fn func(m *mut) err
 	m.flush()
 	last := r.last
 	r.mu.Unlock()
-	if werr := e.wait(ctx, last); werr != nil {
+	if werr := e.settle(ctx, m, last); werr != nil {
 		return werr
 	}
-	m.observed(ctx)
+	return err
+}
+
+// settle waits for the commit of a call's changes, then reports what they
+// did to the Observer, before the caller hears back. A caller that stops
+// waiting (its context ended) does not stop the changes: they still become
+// durable, and then they still count, or a decision or a fire that a
+// retry finds stored would never be counted at all.
+func (e *Engine) settle(ctx context.Context, m *mut, p *store.Pending) error {
+	err := e.wait(ctx, p)
+	switch {
+	case err == nil:
+		m.observed(ctx)
+	case ctx.Err() != nil && len(m.after) > 0:
+		go func() {
+			if e.wait(context.Background(), p) == nil {
+				m.observed(context.WithoutCancel(ctx))
+			}
+		}()
+	}
 	return err
 }
 

@@ -56,10 +56,9 @@ func (e *Engine) createRun(ctx context.Context, req *v1.CreateRunRequest) (*v1.C
 	m.flush()
 	view, last := r.view(), r.last
 	r.mu.Unlock()
-	if err := e.wait(ctx, last); err != nil {
+	if err := e.settle(ctx, m, last); err != nil {
 		return nil, err
 	}
-	m.observed(ctx)
 	return &v1.CreateRunResponse{Run: view, RunToken: token}, nil
 }
 
@@ -344,10 +343,10 @@ func (e *Engine) resume(r *runState) {
 		m.armInterval(false)
 		m.armSnapshotTimeout()
 		m.armSaveTimeout()
-		for _, w := range r.workers {
-			if w.w.State == v1.WorkerState_WORKER_STATE_LIVE {
-				m.renewLease(w, e.opts.RestartGrace)
-			}
+	}
+	for _, w := range r.workers {
+		if w.w.State == v1.WorkerState_WORKER_STATE_LIVE {
+			m.renewLease(w, e.opts.RestartGrace)
 		}
 	}
 	m.flush()

@@ -291,7 +291,9 @@ func (m *mut) armLease(w *workerState, d time.Duration) {
 	w.timer = e.clk.AfterFunc(d, func() {
 		e.onTimer(r, func(m *mut) {
 			w.timer = nil
-			if w.w.State != v1.WorkerState_WORKER_STATE_LIVE || r.terminal() {
+			// In a finished run too: a worker that went away without
+			// deregistering would otherwise be LIVE for good.
+			if w.w.State != v1.WorkerState_WORKER_STATE_LIVE {
 				return
 			}
 			if left := w.lease.Sub(m.now); left > 0 {

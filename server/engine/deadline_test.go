@@ -412,7 +412,7 @@ func TestTriggerDeadlineAfterStep(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if run.Run.State != v1.RunState_RUN_STATE_RUNNING || run.Run.FiredAt != nil {
+	if run.Run.State != v1.RunState_RUN_STATE_RUNNING || run.Run.FiredAt != nil || run.Run.Deadline.TriggerPending != "node drain at 14:00" {
 		t.Fatalf("after trigger: %v", run.Run)
 	}
 	if _, err := h.e.TriggerDeadline(h.ctx, &v1.TriggerDeadlineRequest{RunId: "r"}); err != nil {
@@ -422,11 +422,18 @@ func TestTriggerDeadlineAfterStep(t *testing.T) {
 		t.Fatalf("step 1 asked again after the trigger: %v", d.Action)
 	}
 	h.restart() // the pending trigger is durable
+	if p := h.get("r").Deadline.TriggerPending; p != "node drain at 14:00" {
+		t.Fatalf("trigger_pending after a restart: %q", p)
+	}
 	d := h.step("r", ranks[1], 2, 10)
-	if d.Action != v1.StepAction_STEP_ACTION_SAVE_AND_STOP || !strings.Contains(d.Explanation, "node drain at 14:00") {
-		t.Fatalf("step 2: %v %q", d.Action, d.Explanation)
+	if d.Action != v1.StepAction_STEP_ACTION_SAVE_AND_STOP || !strings.Contains(d.Explanation, "node drain at 14:00") ||
+		d.Inputs.TriggerPending == "" {
+		t.Fatalf("step 2: %v %q, inputs %v", d.Action, d.Explanation, d.Inputs)
 	}
 	run2 := h.wantState("r", v1.RunState_RUN_STATE_SAVING)
+	if run2.Deadline.TriggerPending != "" {
+		t.Fatalf("trigger still pending once fired: %q", run2.Deadline.TriggerPending)
+	}
 	if run2.FireKind != v1.DeadlineFireKind_DEADLINE_FIRE_KIND_MANUAL || run2.FiredAtStep != 2 {
 		t.Fatalf("fire kind %v at step %d", run2.FireKind, run2.FiredAtStep)
 	}

@@ -183,6 +183,9 @@ func (e *Engine) deadlineView(r *runState) *v1.Deadline {
 		SaveReserveSeconds: est.Reserve,
 		MarginSeconds:      est.Margin,
 	}
+	if r.rec.ManualFirePending {
+		d.TriggerPending = r.rec.ManualFireReason
+	}
 	if b, ok := r.mustSaveBy(); ok {
 		// Left out when it falls before year 1 (a B near it, long
 		// estimates): a Timestamp cannot hold it, and the run could not be

@@ -605,9 +605,13 @@ type Deadline struct {
 	MarginSeconds float64 `protobuf:"fixed64,5,opt,name=margin_seconds,json=marginSeconds,proto3" json:"margin_seconds,omitempty"`
 	// B - (I + C + R + M): a step completing at or after this time gets
 	// SAVE_AND_STOP. Unset when the run has no deadline.
-	FiresAt       *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=fires_at,json=firesAt,proto3" json:"fires_at,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	FiresAt *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=fires_at,json=firesAt,proto3" json:"fires_at,omitempty"`
+	// Set by TriggerDeadline after the first step, until the deadline fires:
+	// the next step to complete gets SAVE_AND_STOP, whatever fires_at says.
+	// The reason given to TriggerDeadline.
+	TriggerPending string `protobuf:"bytes,7,opt,name=trigger_pending,json=triggerPending,proto3" json:"trigger_pending,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Deadline) Reset() {
@@ -680,6 +684,13 @@ func (x *Deadline) GetFiresAt() *timestamppb.Timestamp {
 		return x.FiresAt
 	}
 	return nil
+}
+
+func (x *Deadline) GetTriggerPending() string {
+	if x != nil {
+		return x.TriggerPending
+	}
+	return ""
 }
 
 // Run is one training job as the coordinator sees it.
@@ -872,7 +883,7 @@ const file_snapcoord_v1_run_proto_rawDesc = "" +
 	"\x1bexpected_checkpoint_seconds\x18\x03 \x01(\x01B\x19\xbaH\x16\x12\x14@\x01\x19\x00\x00\x00\x00\x80\xc6CA)\x00\x00\x00\x00\x00\x00\x00\x00H\x00R\x19expectedCheckpointSeconds\x88\x01\x01\x12Z\n" +
 	"\x19expected_snapshot_seconds\x18\x04 \x01(\x01B\x19\xbaH\x16\x12\x14@\x01\x19\x00\x00\x00\x00\x80\xc6CA)\x00\x00\x00\x00\x00\x00\x00\x00H\x01R\x17expectedSnapshotSeconds\x88\x01\x01B\x1e\n" +
 	"\x1c_expected_checkpoint_secondsB\x1c\n" +
-	"\x1a_expected_snapshot_seconds\"\xb4\x02\n" +
+	"\x1a_expected_snapshot_seconds\"\xdd\x02\n" +
 	"\bDeadline\x12<\n" +
 	"\fmust_save_by\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"mustSaveBy\x12+\n" +
@@ -880,7 +891,8 @@ const file_snapcoord_v1_run_proto_rawDesc = "" +
 	"\x12checkpoint_seconds\x18\x03 \x01(\x01R\x11checkpointSeconds\x120\n" +
 	"\x14save_reserve_seconds\x18\x04 \x01(\x01R\x12saveReserveSeconds\x12%\n" +
 	"\x0emargin_seconds\x18\x05 \x01(\x01R\rmarginSeconds\x125\n" +
-	"\bfires_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\afiresAt\"\xcf\x04\n" +
+	"\bfires_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\afiresAt\x12'\n" +
+	"\x0ftrigger_pending\x18\a \x01(\tR\x0etriggerPending\"\xcf\x04\n" +
 	"\x03Run\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12,\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x16.snapcoord.v1.RunStateR\x05state\x12)\n" +

@@ -153,13 +153,31 @@ func checkToken(tok string) error {
 	return nil
 }
 
-// ReadTokenFile returns the token in path, without surrounding whitespace.
+// ReadTokenFile returns the one token in path. The file may be written like
+// the coordinator's --admin-token-file: surrounding whitespace, blank lines
+// and lines starting with # are skipped. Unlike that file it must hold
+// exactly one token, since a client sends one. Errors never quote a token.
 func ReadTokenFile(path string) (string, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return "", fmt.Errorf("client: read token file: %w", err)
 	}
-	return strings.TrimSpace(string(b)), nil
+	var tokens []string
+	for line := range strings.Lines(string(b)) {
+		if tok := strings.TrimSpace(line); tok != "" && !strings.HasPrefix(tok, "#") {
+			tokens = append(tokens, tok)
+		}
+	}
+	switch {
+	case len(tokens) == 0:
+		return "", fmt.Errorf("client: token file %s holds no token", path)
+	case len(tokens) > 1:
+		return "", fmt.Errorf("client: token file %s holds %d tokens: a client token file holds one (copy one of the coordinator's admin tokens into a file of its own)", path, len(tokens))
+	}
+	if err := checkToken(tokens[0]); err != nil {
+		return "", fmt.Errorf("%w (token file %s)", err, path)
+	}
+	return tokens[0], nil
 }
 
 func transportCredentials(cfg dialConfig) (credentials.TransportCredentials, error) {

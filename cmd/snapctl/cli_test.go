@@ -3,7 +3,9 @@ package main
 import (
 	"encoding/json"
 	"regexp"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -173,4 +175,77 @@ func TestCreateJSONCarriesToken(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &resp); err != nil || resp.RunToken == "" || resp.Run.RunID != "r1" {
 		t.Errorf("run create -o json = %q (%v), want the run and its token", out, err)
 	}
+}
+
+// A watch stopped by a signal has not seen the run end. Exit 0 would tell
+// `snapctl run watch $RUN && mark_done` that it ended STOPPED or COMPLETED.
+func TestWatchInterrupted(t *testing.T) {
+	s := startServer(t)
+	s.createRun("r1", "--world-size", "1", "--budget", "00:01:00:00")
+	for _, sig := range []syscall.Signal{syscall.SIGINT, syscall.SIGTERM} {
+		p := startProc(t, s.env(), bin.snapctl, "run", "watch", "r1")
+		// main catches both signals from its first line on.
+		p.waitFor(t, "the watch to start", func(out string) bool { return strings.Contains(out, "run r1 is PENDING") })
+		if err := p.cmd.Process.Signal(sig); err != nil {
+			t.Fatal(err)
+		}
+		if code := p.exitCode(t); code != exitInterrupted || !strings.Contains(p.out.String(), "snapctl: interrupted before run r1") {
+			t.Errorf("run watch of a PENDING run, sent %v: exit %d, want %d:\n%s", sig, code, exitInterrupted, p.out.String())
+		}
+	}
+}
+
+// -o json prints every field, zero values too: a script reading rank 0 or
+// last_step 0 must find the key rather than guess that absent means 0.
+func TestJSONShowsZeroValues(t *testing.T) {
+	s := startServer(t)
+	tok := s.createRun("r1", "--world-size", "1", "--budget", "00:01:00:00")
+	s.trainer("r1", tok) // rank 0
+	for _, tc := range []struct {
+		args []string
+		keys []string
+	}{
+		{[]string{"run", "get", "r1"}, []string{"last_step", "last_published_step", "failure_message"}},
+		{[]string{"workers", "r1"}, []string{"workers.0.rank"}},
+		{[]string{"snapshots", "r1"}, []string{"snapshots"}},
+	} {
+		var obj map[string]any
+		if err := json.Unmarshal([]byte(s.ok(append(tc.args, "-o", "json")...)), &obj); err != nil {
+			t.Fatalf("%v -o json: %v", tc.args, err)
+		}
+		for _, key := range tc.keys {
+			if !hasKey(obj, key) {
+				t.Errorf("%v -o json has no %q: %v", tc.args, key, obj)
+			}
+		}
+	}
+	// One object per line, each with step (0 before any step).
+	for _, line := range strings.Split(strings.TrimSpace(s.ok("events", "r1", "-o", "json")), "\n") {
+		var ev map[string]any
+		if err := json.Unmarshal([]byte(line), &ev); err != nil || !hasKey(ev, "step") {
+			t.Errorf("events -o json line %q: %v, want an object with step", line, err)
+		}
+	}
+}
+
+// hasKey follows a dotted path ("workers.0.rank") through decoded JSON.
+func hasKey(v any, path string) bool {
+	for _, k := range strings.Split(path, ".") {
+		switch x := v.(type) {
+		case map[string]any:
+			var ok bool
+			if v, ok = x[k]; !ok {
+				return false
+			}
+		case []any:
+			i, err := strconv.Atoi(k)
+			if err != nil || i >= len(x) {
+				return false
+			}
+			v = x[i]
+		default:
+			return false
+		}
+	}
+	return true
 }

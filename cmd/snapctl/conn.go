@@ -2,7 +2,7 @@ package main
 
 import (
 	"context"
-	"errors"
+	"fmt"
 
 	"github.com/snapcoord/snapcoord/client"
 )
@@ -14,35 +14,72 @@ func (c *cli) dial(runToken string) (*client.Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	opts := []client.Option{client.WithToken(admin), client.WithRunToken(runToken)}
-	tls := client.TLS{CAFile: c.conn.caFile, CertFile: c.conn.certFile, KeyFile: c.conn.keyFile, ServerName: c.conn.serverName}
-	switch {
-	case c.conn.plaintext && tls != (client.TLS{}):
-		return nil, usageErr(errors.New("--plaintext excludes --ca-file, --cert-file, --key-file and --server-name"))
-	case c.conn.plaintext:
-		opts = append(opts, client.WithInsecure())
-	default:
-		opts = append(opts, client.WithTLS(tls))
+	transport, err := c.transport()
+	if err != nil {
+		return nil, err
 	}
-	cl, err := client.Dial(c.conn.addr, opts...)
+	cl, err := client.Dial(c.conn.addr, client.WithToken(admin), client.WithRunToken(runToken), transport)
 	if err != nil {
 		return nil, withExit(exitInvalid, err)
 	}
 	return cl, nil
 }
 
-func (c *cli) adminToken() (string, error) {
-	switch {
-	case c.conn.token != "" && c.conn.tokenFile != "":
-		return "", usageErr(errors.New("give --token or --token-file, not both"))
-	case c.conn.tokenFile != "":
-		tok, err := client.ReadTokenFile(c.conn.tokenFile)
+// transport is plaintext or TLS. --plaintext on the command line overrides
+// TLS variables, and a TLS flag overrides SNAPCOORD_PLAINTEXT.
+func (c *cli) transport() (client.Option, error) {
+	plain := c.conn.plaintext
+	if tlsFlags := c.tlsFlagsInUse(); plain && len(tlsFlags) > 0 {
+		var err error
+		plain, err = c.settle([]string{"plaintext"}, tlsFlags, "--plaintext excludes --ca-file, --cert-file, --key-file and --server-name")
 		if err != nil {
-			return "", withExit(exitInvalid, err)
+			return nil, err
 		}
-		return tok, nil
 	}
-	return c.conn.token, nil
+	if plain {
+		return client.WithInsecure(), nil
+	}
+	return client.WithTLS(client.TLS{CAFile: c.conn.caFile, CertFile: c.conn.certFile, KeyFile: c.conn.keyFile, ServerName: c.conn.serverName}), nil
+}
+
+// tlsFlagsInUse names the TLS flags with a value, from either source.
+func (c *cli) tlsFlagsInUse() []string {
+	var names []string
+	for _, f := range []struct{ name, value string }{
+		{"ca-file", c.conn.caFile}, {"cert-file", c.conn.certFile}, {"key-file", c.conn.keyFile}, {"server-name", c.conn.serverName},
+	} {
+		if f.value != "" {
+			names = append(names, f.name)
+		}
+	}
+	return names
+}
+
+// adminToken is --token's, or the one in --token-file.
+func (c *cli) adminToken() (string, error) {
+	return c.pickToken("token", c.conn.token, "token-file", c.conn.tokenFile)
+}
+
+// pickToken is the token of flag tokenFlag, or the one in the file of flag
+// fileFlag. Given both, a flag on the command line overrides the other's
+// variable: SNAPCOORD_TOKEN_FILE exported must not make --token fail.
+func (c *cli) pickToken(tokenFlag, token, fileFlag, file string) (string, error) {
+	fromFile := file != ""
+	if fromFile && token != "" {
+		var err error
+		fromFile, err = c.settle([]string{fileFlag}, []string{tokenFlag}, fmt.Sprintf("give --%s or --%s, not both", tokenFlag, fileFlag))
+		if err != nil {
+			return "", err
+		}
+	}
+	if !fromFile {
+		return token, nil
+	}
+	tok, err := client.ReadTokenFile(file)
+	if err != nil {
+		return "", withExit(exitInvalid, err)
+	}
+	return tok, nil
 }
 
 // call bounds one call (with its retries) by --timeout.

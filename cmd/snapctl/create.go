@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"math"
 	"time"
 
 	"google.golang.org/protobuf/proto"
@@ -71,7 +72,10 @@ func (c *cli) buildSpec(f specFlags) (*v1.RunSpec, error) {
 	if !c.setFlags["world-size"] {
 		return nil, usageErr(errors.New("--world-size is required"))
 	}
-	spec.TrainerWorldSize = int32(f.worldSize)
+	var err error
+	if spec.TrainerWorldSize, err = int32Flag("world-size", f.worldSize); err != nil {
+		return nil, err
+	}
 	if err := c.applyDeadlineFlags(f, spec); err != nil {
 		return nil, err
 	}
@@ -109,17 +113,11 @@ func (c *cli) applyDeadlineFlags(f specFlags, spec *v1.RunSpec) error {
 func (c *cli) applySnapshotFlags(f specFlags, spec *v1.RunSpec) error {
 	rc, res := spec.RolloutCheckpointing, spec.Reserve
 	set := c.setFlags
-	if set["snapshot-interval"] {
-		rc.SnapshotAttemptIntervalS = proto.Int32(int32(f.snapshotInterval))
+	if err := c.applyInt32Flags(f, spec); err != nil {
+		return err
 	}
 	if set["snapshot-on-trainer-checkpoint"] {
 		rc.SnapshotOnTrainerCheckpoint = proto.Bool(f.snapshotOnCheckpoint)
-	}
-	if set["max-consecutive-failures"] {
-		rc.MaxConsecutiveFailures = int32(f.maxFailures)
-	}
-	if set["snapshot-timeout"] {
-		rc.SnapshotTimeoutS = int32(f.snapshotTimeout)
 	}
 	if set["target-level"] {
 		tl, err := parseTargetLevel(f.targetLevel)
@@ -127,9 +125,6 @@ func (c *cli) applySnapshotFlags(f specFlags, spec *v1.RunSpec) error {
 			return inputErr("--target-level: %w", err)
 		}
 		spec.RolloutRecovery.TargetLevel = tl
-	}
-	if set["reserve-window"] {
-		res.Window = int32(f.window)
 	}
 	if set["margin"] {
 		res.MarginSeconds = f.margin
@@ -141,6 +136,41 @@ func (c *cli) applySnapshotFlags(f specFlags, spec *v1.RunSpec) error {
 		res.ExpectedSnapshotSeconds = proto.Float64(f.expSnap)
 	}
 	return nil
+}
+
+// applyInt32Flags sets the spec's int32 fields from the int flags that were
+// given, each checked to fit first.
+func (c *cli) applyInt32Flags(f specFlags, spec *v1.RunSpec) error {
+	rc := spec.RolloutCheckpointing
+	for _, fl := range []struct {
+		name  string
+		value int
+		set   func(int32)
+	}{
+		{"snapshot-interval", f.snapshotInterval, func(v int32) { rc.SnapshotAttemptIntervalS = proto.Int32(v) }},
+		{"max-consecutive-failures", f.maxFailures, func(v int32) { rc.MaxConsecutiveFailures = v }},
+		{"snapshot-timeout", f.snapshotTimeout, func(v int32) { rc.SnapshotTimeoutS = v }},
+		{"reserve-window", f.window, func(v int32) { spec.Reserve.Window = v }},
+	} {
+		if !c.setFlags[fl.name] {
+			continue
+		}
+		v, err := int32Flag(fl.name, fl.value)
+		if err != nil {
+			return err
+		}
+		fl.set(v)
+	}
+	return nil
+}
+
+// int32Flag converts an int flag for an int32 field. Unchecked, the
+// conversion wraps: --world-size 4294967297 would create a run of 1 rank.
+func int32Flag(name string, v int) (int32, error) {
+	if v < math.MinInt32 || v > math.MaxInt32 {
+		return 0, usageErr(fmt.Errorf("--%s %d: out of range (%d to %d)", name, v, math.MinInt32, math.MaxInt32))
+	}
+	return int32(v), nil
 }
 
 // createRun creates the run and prints its token once: by default as shell

@@ -142,3 +142,18 @@ func TestSlurmTimes(t *testing.T) {
 		t.Errorf("SLURM_JOB_END_TIME=tomorrow: exit %d, want %d (%s)", r.code, exitInvalid, r.stderr)
 	}
 }
+
+// An int flag for an int32 field that does not fit is a usage error naming
+// the flag: converted unchecked, --world-size 4294967297 wraps to 1.
+func TestRunCreateIntFlagsOutOfRange(t *testing.T) {
+	s := startServer(t)
+	for _, flag := range []string{"world-size", "snapshot-interval", "max-consecutive-failures", "snapshot-timeout", "reserve-window"} {
+		for _, v := range []string{"4294967297", "-4294967297"} {
+			args := []string{"run", "create", "r1", "--world-size", "1", "--" + flag, v}
+			if r := s.wantExit(exitUsage, args...); !strings.Contains(r.stderr, "--"+flag+" "+v) {
+				t.Errorf("snapctl %v: stderr %q does not name the flag", args, r.stderr)
+			}
+		}
+	}
+	s.wantExit(exitNotFound, "run", "get", "r1") // nothing was created
+}

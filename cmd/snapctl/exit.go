@@ -22,6 +22,11 @@ const (
 	exitLimit       = 8
 	exitRunFailed   = 9
 	exitStopHook    = 10
+	// exitInterrupted: run watch was stopped by SIGINT or SIGTERM before it
+	// saw the run end. One small code next to the others, rather than the
+	// shell's 128+signal (130, 143): the table stays one range, and both
+	// signals mean the same thing to a script (the run's outcome is unknown).
+	exitInterrupted = 11
 )
 
 // exitError carries an exit status chosen by the command itself.

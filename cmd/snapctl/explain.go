@@ -81,12 +81,23 @@ func explainDecision(w io.Writer, run *v1.Run, d *v1.Decision) {
 		fmt.Fprintf(w, "Rule: continue while decision time + I + C + R + M < B, else save now and stop.\n")
 	}
 	fmt.Fprintf(w, "Coordinator: %s\n", d.GetExplanation())
-	if run.GetFiredAt() != nil || run.GetEndedAt() != nil {
+	explainNow(w, run)
+}
+
+// explainNow says what changed since the decision: the deadline fired, the
+// run ended, or a trigger by hand is waiting, so that the next step saves
+// and stops although this decision (continued) says otherwise.
+func explainNow(w io.Writer, run *v1.Run) {
+	switch {
+	case run.GetFiredAt() != nil || run.GetEndedAt() != nil:
 		fmt.Fprintf(w, "Now: the run is %s", enumWord(run.GetState(), "RUN_STATE_"))
 		if run.GetFiredAt() != nil {
 			fmt.Fprintf(w, "; the deadline fired %s", describeFire(run))
 		}
 		fmt.Fprintln(w, ".")
+	case run.GetDeadline().GetTriggerPending() != "":
+		fmt.Fprintf(w, "Now: the deadline was triggered by hand (%s): the next completed step saves and stops.\n",
+			run.GetDeadline().GetTriggerPending())
 	}
 }
 

@@ -85,3 +85,29 @@ func TestExplainFiredByTheRule(t *testing.T) {
 		t.Errorf("explain does not say the deadline fired:\n%s", out)
 	}
 }
+
+// A trigger after the first step waits for the next step, which saves and
+// stops whatever fires_at says: get and explain must say so, not repeat
+// "fires at ..." and the last "continued".
+func TestTriggerPendingShown(t *testing.T) {
+	s := startServer(t)
+	tok := s.createRun("r1", "--world-size", "1", "--budget", "00:01:00:00")
+	tr := s.trainer("r1", tok)
+	completeStep(t, tr, 1, time.Second, v1.StepAction_STEP_ACTION_CONTINUE)
+
+	pending := "the next completed step, which saves and stops: the deadline was triggered by hand (node drain)"
+	for _, args := range [][]string{{"run", "trigger", "r1", "--reason", "node drain"}, {"run", "get", "r1"}} {
+		if out := s.ok(args...); !strings.Contains(out, pending) || strings.Contains(out, "from then on") {
+			t.Errorf("snapctl %v does not say %q (alone):\n%s", args, pending, out)
+		}
+	}
+	now := "Now: the deadline was triggered by hand (node drain): the next completed step saves and stops."
+	if out := s.ok("run", "explain", "r1"); !strings.Contains(out, now) {
+		t.Errorf("explain after a trigger does not say %q:\n%s", now, out)
+	}
+
+	completeStep(t, tr, 2, time.Second, v1.StepAction_STEP_ACTION_SAVE_AND_STOP)
+	if out := s.ok("run", "get", "r1"); strings.Contains(out, pending) || !strings.Contains(out, "by hand, at step 2") {
+		t.Errorf("run get once step 2 fired the deadline:\n%s", out)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 )
 
@@ -15,7 +16,7 @@ type cli struct {
 	conn     connConfig
 	output   string          // -o
 	outputs  []string        // what -o accepts for this command; first is the default
-	setFlags map[string]bool // flags given on the command line
+	setFlags map[string]bool // flags given on the command line, before the command or after it
 }
 
 // connConfig is how to reach the coordinator.
@@ -77,7 +78,10 @@ func (c *cli) applyEnv(fs *flag.FlagSet) error {
 		}
 		f.Usage += " (env " + name + ")"
 		if v, ok := c.lookup(name); ok && v != "" {
-			if err := fs.Set(f.Name, v); err != nil {
+			// Value.Set, not fs.Set: the flag is not marked as given, so
+			// that setFlags holds the command line alone and a flag there
+			// can beat the variable of a flag it excludes (settle).
+			if err := f.Value.Set(v); err != nil {
 				errs = append(errs, fmt.Errorf("%s=%q: %w", name, v, err))
 			}
 		}
@@ -127,4 +131,40 @@ func wantArgs(args []string, names ...string) error {
 		return usageErr(fmt.Errorf("want %d argument(s) (%v), got %d", len(names), names, len(args)))
 	}
 	return nil
+}
+
+// settle decides between two groups of flags that exclude each other when
+// both are in use (a and b name only the flags that are set). A flag on the
+// command line beats its variable, and so also the variables of the flags it
+// excludes: only the command line against itself, or the environment
+// against itself, is refused. It reports whether a wins.
+func (c *cli) settle(a, b []string, clash string) (bool, error) {
+	onA, onB := c.anyGiven(a), c.anyGiven(b)
+	switch {
+	case onA != onB:
+		return onA, nil
+	case onA:
+		return false, usageErr(errors.New(clash))
+	}
+	return false, usageErr(fmt.Errorf("%s and %s exclude each other and are both set: unset one, or choose with a flag",
+		variables(a), variables(b)))
+}
+
+func (c *cli) anyGiven(names []string) bool {
+	for _, n := range names {
+		if c.setFlags[n] {
+			return true
+		}
+	}
+	return false
+}
+
+// variables names the environment variables of flags: "SNAPCOORD_CA_FILE,
+// SNAPCOORD_SERVER_NAME".
+func variables(flags []string) string {
+	vars := make([]string, len(flags))
+	for i, f := range flags {
+		vars[i] = envNames[f]
+	}
+	return strings.Join(vars, ", ")
 }

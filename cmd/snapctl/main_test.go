@@ -74,11 +74,13 @@ type server struct {
 	proc *proc
 }
 
-func startServer(t *testing.T) *server {
+// startServer starts snapcoord serve with flags added to the tests' own
+// (--tls-cert and --tls-key for a TLS server).
+func startServer(t *testing.T, flags ...string) *server {
 	t.Helper()
-	p := startProc(t, append(baseEnv(), "SNAPCOORD_ADMIN_TOKEN="+adminToken), bin.snapcoord, "serve",
+	p := startProc(t, append(baseEnv(), "SNAPCOORD_ADMIN_TOKEN="+adminToken), bin.snapcoord, append([]string{"serve",
 		"--listen", "127.0.0.1:0", "--data-dir", t.TempDir(), "--metrics-listen", "",
-		"--log-format", "json", "--heartbeat-interval", "200ms", "--lease-ttl", "1s")
+		"--log-format", "json", "--heartbeat-interval", "200ms", "--lease-ttl", "1s"}, flags...)...)
 	var addr string
 	p.waitFor(t, "the server to listen", func(out string) bool {
 		addr = servingAddr(out)

@@ -16,10 +16,11 @@ import (
 )
 
 // printJSON prints m as protojson, indented (indent "  ") or on one line
-// (indent ""), with proto field names: re-indented with encoding/json, because protojson varies
-// its whitespace on purpose.
+// (indent ""), with proto field names and every field, zero values too (a
+// script reading rank 0 or last_step 0 must find the key): re-indented with
+// encoding/json, because protojson varies its whitespace on purpose.
 func (c *cli) printJSON(m proto.Message, indent string) error {
-	b, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(m)
+	b, err := protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true}.Marshal(m)
 	if err != nil {
 		return fmt.Errorf("encode %s: %w", m.ProtoReflect().Descriptor().Name(), err)
 	}

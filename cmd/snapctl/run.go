@@ -85,6 +85,7 @@ Exit status:
   8   a coordinator limit was reached
   9   run watch: the run ended FAILED or CANCELLED
   10  sidecar: the --on-stop hook failed
+  11  run watch: interrupted (SIGINT or SIGTERM) before the run ended
 
 Run 'snapctl <command> --help' for a command's flags.
 `
@@ -111,6 +112,8 @@ func run(ctx context.Context, args []string, e env) int {
 		}
 		return c.fail(usageErr(err))
 	}
+	c.setFlags = map[string]bool{}
+	global.Visit(func(f *flag.Flag) { c.setFlags[f.Name] = true })
 	args = global.Args()
 	if len(args) == 0 {
 		printUsage(e.stderr)
@@ -156,7 +159,6 @@ func (c *cli) execute(ctx context.Context, cmd command, args []string) error {
 	if err != nil {
 		return usageErr(err)
 	}
-	c.setFlags = map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { c.setFlags[f.Name] = true })
 	if err := c.checkOutput(); err != nil {
 		return err

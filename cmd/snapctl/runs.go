@@ -199,8 +199,11 @@ func (c *cli) printRun(r *v1.Run) error {
 			secs(d.GetSaveReserveSeconds()), secs(d.GetMarginSeconds()))},
 		{"last step", fmt.Sprintf("%d (last published checkpoint: step %d)", r.GetLastStep(), r.GetLastPublishedStep())},
 	}
-	if f := d.GetFiresAt(); f != nil && r.GetFiredAt() == nil {
-		rows = append(rows, []string{"fires at", stamp(f) + ": a step completing from then on saves and stops"})
+	switch {
+	case d.GetTriggerPending() != "": // set only until the deadline fires
+		rows = append(rows, []string{"fires at", describePending(d.GetTriggerPending())})
+	case d.GetFiresAt() != nil && r.GetFiredAt() == nil:
+		rows = append(rows, []string{"fires at", stamp(d.GetFiresAt()) + ": a step completing from then on saves and stops"})
 	}
 	if r.GetFiredAt() != nil {
 		rows = append(rows, []string{"fired", describeFire(r)})
@@ -221,6 +224,12 @@ func describeDeadline(r *v1.Run, now time.Time) string {
 		return "none: the run never fires by itself"
 	}
 	return fmt.Sprintf("B = %s (%s)", stamp(b), relative(b.AsTime(), now))
+}
+
+// describePending is a TriggerDeadline after the first step, waiting for
+// the next step: that step saves and stops whatever fires_at says.
+func describePending(reason string) string {
+	return "the next completed step, which saves and stops: the deadline was triggered by hand (" + reason + ")"
 }
 
 func describeFire(r *v1.Run) string {

@@ -49,20 +49,23 @@ func setupSidecar(fs *flag.FlagSet, c *cli) func(context.Context, []string) erro
 			return usageErr(errors.New("--run (or SNAPCOORD_RUN_ID) is required"))
 		case s.onSnapshot == "":
 			return usageErr(errors.New("--on-snapshot is required"))
-		case s.runToken != "" && s.runTokenFile != "":
-			return usageErr(errors.New("give --run-token or --run-token-file, not both"))
 		case s.workers < 1 || s.workers > maxSidecarWorkers:
 			return usageErr(fmt.Errorf("--workers must be between 1 and %d", maxSidecarWorkers))
 		}
-		if s.runTokenFile != "" {
-			tok, err := client.ReadTokenFile(s.runTokenFile)
-			if err != nil {
-				return withExit(exitInvalid, err)
-			}
-			s.runToken = tok
+		tok, err := c.runToken(s)
+		if err != nil {
+			return err
 		}
+		s.runToken = tok
 		return c.sidecar(ctx, s)
 	}
+}
+
+// runToken is --run-token's, or the one in --run-token-file: eval "$(snapctl
+// run create ...)" exports SNAPCOORD_RUN_TOKEN, which --run-token-file
+// overrides.
+func (c *cli) runToken(s sidecarConfig) (string, error) {
+	return c.pickToken("run-token", s.runToken, "run-token-file", s.runTokenFile)
 }
 
 // maxSidecarWorkers bounds --workers: a node's environment workers, not a

@@ -15,26 +15,43 @@ func setupRunWatch(_ *flag.FlagSet, c *cli) func(context.Context, []string) erro
 		if err := wantArgs(args, "RUN_ID"); err != nil {
 			return err
 		}
-		cl, err := c.dial("")
+		run, err := c.watchRun(ctx, args[0])
+		if err != nil && ctx.Err() != nil {
+			return interrupted(args[0])
+		}
 		if err != nil {
-			return err
-		}
-		defer cl.Close()
-		run, err := c.getRun(ctx, cl, args[0])
-		if err != nil {
-			return err
-		}
-		if c.output != "json" {
-			fmt.Fprintf(c.stdout, "run %s is %s; %s\n", run.GetRunId(), enumWord(run.GetState(), "RUN_STATE_"), describeDeadline(run, time.Now()))
-		}
-		if err := c.printEvents(ctx, cl, args[0], run.GetLastEventSeq(), true); err != nil || ctx.Err() != nil {
-			return err
-		}
-		if run, err = c.getRun(ctx, cl, args[0]); err != nil {
 			return err
 		}
 		return c.runEnded(run)
 	}
+}
+
+// watchRun prints the run's new events until it ends and returns its final
+// state. Interrupted, it fails: the last call finds ctx cancelled.
+func (c *cli) watchRun(ctx context.Context, runID string) (*v1.Run, error) {
+	cl, err := c.dial("")
+	if err != nil {
+		return nil, err
+	}
+	defer cl.Close()
+	run, err := c.getRun(ctx, cl, runID)
+	if err != nil {
+		return nil, err
+	}
+	if c.output != "json" {
+		fmt.Fprintf(c.stdout, "run %s is %s; %s\n", run.GetRunId(), enumWord(run.GetState(), "RUN_STATE_"), describeDeadline(run, time.Now()))
+	}
+	if err := c.printEvents(ctx, cl, runID, run.GetLastEventSeq(), true); err != nil {
+		return nil, err
+	}
+	return c.getRun(ctx, cl, runID)
+}
+
+// interrupted is a watch stopped by SIGINT or SIGTERM before it read the
+// run's final state: exit 0 is only for a run seen STOPPED or COMPLETED, so
+// that `snapctl run watch $RUN && mark_done` does not take it for success.
+func interrupted(runID string) error {
+	return withExit(exitInterrupted, fmt.Errorf("interrupted before run %s was seen to end", runID))
 }
 
 func (c *cli) getRun(ctx context.Context, cl *client.Client, runID string) (*v1.Run, error) {

@@ -9,6 +9,10 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+	"github.com/snapcoord/snapcoord/client"
+	"github.com/snapcoord/snapcoord/cmd/internal/coordproc"
 )
 
 var snapcoordBin string
@@ -89,5 +93,30 @@ func TestFailedReadsAreReportedApart(t *testing.T) {
 	}
 	if n := strings.Count(got, "could not read back: run crash-0: ListSnapshots"); n != 1 {
 		t.Errorf("the failed read is printed %d times, want once:\n%s", n, got)
+	}
+}
+
+// A write counts as verified only once the read that checks it succeeded:
+// with the coordinator unreachable, nothing is verified, and every write
+// is left unverified rather than reported as checked.
+func TestNothingReadIsNothingVerified(t *testing.T) {
+	addr, err := coordproc.FreePort() // nothing listens there
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin, err := client.Dial(addr, client.WithInsecure())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	log := newAcks()
+	log.run("crash-0", 1)
+	log.registered("crash-0", "w1", 1)
+	log.decision("crash-0", "crash-0/rank-0", &v1.Decision{Step: 1})
+	log.checkpointSaved("crash-0", "crash-0/rank-0", 1, 0)
+	log.snapshotReported("crash-0", "crash-0/env-0", "snap-1", "w2", v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SAVED)
+	v := verify(t.Context(), admin, &runWriters{id: "crash-0", log: log})
+	if len(v.unread) == 0 || v.checked != 0 {
+		t.Errorf("nothing read back: %d writes counted as verified, failed reads %v; want 0 and a failed read", v.checked, v.unread)
 	}
 }

@@ -49,27 +49,21 @@ func (v *verdict) add(o verdict) {
 // is published; every acknowledged snapshot report is recorded with its
 // outcome; and every decision, asked again, is identical to the one given.
 func verify(ctx context.Context, admin *client.Client, r *runWriters) verdict {
+	// checked counts a write once the read that checks it succeeded: a
+	// write whose read failed is unverified, not verified.
 	var v verdict
 	a := r.log.copyRun(r.id)
-	total := len(a.workers) + len(a.decisions) + 1
-	for _, ranks := range a.saved {
-		if len(ranks) == a.worldSize {
-			total += len(ranks)
-		}
-	}
-	for _, reps := range a.snapReports {
-		total += len(reps)
-	}
-	v.checked = total
 	if _, err := admin.Runs.GetRun(ctx, &v1.GetRunRequest{RunId: r.id}); err != nil {
 		v.cannotRead("run %s: GetRun: %v (every write of the run is unverified)", r.id, err)
 		return v
 	}
+	v.checked++
 
 	workers, err := admin.RunWorkers(ctx, r.id)
 	if err != nil {
 		v.cannotRead("run %s: ListWorkers: %v", r.id, err)
 	} else {
+		v.checked += len(a.workers)
 		known := map[string]int64{}
 		for _, w := range workers {
 			known[w.WorkerId] = w.Incarnation
@@ -92,10 +86,11 @@ func verify(ctx context.Context, admin *client.Client, r *runWriters) verdict {
 		v.cannotRead("run %s: WatchRun: %v", r.id, err)
 	}
 	for step, ranks := range a.saved {
-		if len(ranks) < a.worldSize {
+		if len(ranks) < a.worldSize || err != nil {
 			continue // half-acknowledged: checked once every rank is
 		}
-		if err == nil && !published[step] {
+		v.checked += len(ranks)
+		if !published[step] {
 			v.lose("run %s: all %d ranks were told their checkpoint of step %d was saved, but it was never published", r.id, a.worldSize, step)
 		}
 	}
@@ -112,6 +107,7 @@ func verify(ctx context.Context, admin *client.Client, r *runWriters) verdict {
 			}
 		}
 		for sid, reps := range a.snapReports {
+			v.checked += len(reps)
 			for wid, o := range reps {
 				if g, ok := got[sid][wid]; !ok || g != o {
 					v.lose("run %s: %s's report %v on %s was acknowledged but the coordinator has %v (recorded: %v)", r.id, wid, o, sid, g, ok)
@@ -149,7 +145,10 @@ func verifyDecisions(ctx context.Context, r *runWriters, decisions map[int64]*v1
 				case err != nil:
 					v.cannotRead("run %s: CompleteStep(%d) asked again: %v", r.id, step, err)
 				case !proto.Equal(d, decisions[step]):
+					v.checked++
 					v.lose("run %s: step %d decided %v before the crash, %v after", r.id, step, decisions[step], d)
+				default:
+					v.checked++
 				}
 				mu.Unlock()
 			}

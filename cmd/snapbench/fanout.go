@@ -144,14 +144,17 @@ func (b *bench) fanoutFloor(ctx context.Context, n int, sh fanoutShape) (fanoutR
 	if err != nil {
 		return fanoutResult{}, err
 	}
+	// Dialled before anything is timed, as the coordinator's trigger uses
+	// its trainer's open connection: a dial inside the timed interval would
+	// add connection setup to the floor's latencies alone.
+	tc, err := dial(fl.Addr)
+	if err != nil {
+		return fanoutResult{}, err
+	}
+	defer tc.close()
 	trigger := func(reason string) func(ctx context.Context) error {
 		return func(ctx context.Context) error {
-			c, err := dial(fl.Addr)
-			if err != nil {
-				return err
-			}
-			defer c.close()
-			_, err = c.runs.TriggerDeadline(ctx, &v1.TriggerDeadlineRequest{RunId: "floor", Reason: reason})
+			_, err := tc.runs.TriggerDeadline(ctx, &v1.TriggerDeadlineRequest{RunId: "floor", Reason: reason})
 			return err
 		}
 	}

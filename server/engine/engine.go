@@ -88,10 +88,15 @@ type Engine struct {
 	policy deadline.Policy
 	obs    Observer
 
-	mu     sync.RWMutex
-	runs   map[string]*runState
-	ids    []string          // sorted run ids, for ListRuns
-	tokens map[string]string // sha256(token) -> run id
+	mu   sync.RWMutex
+	runs map[string]*runState
+	ids  []string // sorted run ids, for ListRuns
+
+	// tokensMu guards tokens. It is taken last, after mu or a run's lock,
+	// and nothing is locked while it is held: a run's token changes under
+	// the run's lock (createAgain), the map with it.
+	tokensMu sync.Mutex
+	tokens   map[string]string // sha256(token) -> run id
 
 	failed    atomic.Pointer[error] // set once a commit failed
 	closed    atomic.Bool
@@ -116,7 +121,7 @@ func New(ctx context.Context, st *store.DB, opts Options) (*Engine, error) {
 		r := loadRun(d)
 		e.runs[r.id] = r
 		e.ids = append(e.ids, r.id)
-		e.tokens[string(r.rec.GetTokenHash())] = r.id
+		e.setToken(nil, r.rec.GetTokenHash(), r.id)
 	}
 	sort.Strings(e.ids)
 	for _, id := range e.ids {
@@ -136,15 +141,28 @@ func (e *Engine) Close() {
 	}
 	e.EndLongCalls()
 	e.mu.RLock()
-	defer e.mu.RUnlock()
 	if e.sweep != nil {
 		e.sweep.Stop()
 	}
-	for _, r := range e.runs {
+	runs := e.allRuns()
+	e.mu.RUnlock()
+	for _, r := range runs {
 		r.mu.Lock()
 		r.stopTimers()
 		r.mu.Unlock()
 	}
+}
+
+// allRuns copies the runs map's values; the caller holds mu. A run's lock
+// is taken after mu is released: a run whose lock is held across a commit
+// (mut.step) would otherwise hold mu too, and behind it every call of
+// every run.
+func (e *Engine) allRuns() []*runState {
+	runs := make([]*runState, 0, len(e.runs))
+	for _, r := range e.runs {
+		runs = append(runs, r)
+	}
+	return runs
 }
 
 // EndLongCalls ends every command stream, long poll and run watch, open or
@@ -166,10 +184,23 @@ func (e *Engine) Healthy() error {
 // RunForToken returns the run a run token belongs to.
 func (e *Engine) RunForToken(token string) (string, bool) {
 	h := hashToken(token)
-	e.mu.RLock()
-	defer e.mu.RUnlock()
+	e.tokensMu.Lock()
+	defer e.tokensMu.Unlock()
 	id, ok := e.tokens[string(h)]
 	return id, ok
+}
+
+// setToken replaces a run's token hash old (nil: none) by hash new (nil:
+// none) in the tokens map.
+func (e *Engine) setToken(old, new []byte, runID string) {
+	e.tokensMu.Lock()
+	defer e.tokensMu.Unlock()
+	if old != nil {
+		delete(e.tokens, string(old))
+	}
+	if new != nil {
+		e.tokens[string(new)] = runID
+	}
 }
 
 func (e *Engine) usable() error {
@@ -291,7 +322,9 @@ func (e *Engine) onTimer(r *runState, fn func(m *mut)) {
 		return
 	}
 	err := e.mutateRun(context.Background(), r, func(m *mut) error { fn(m); return nil })
-	if err != nil && !errors.Is(err, ErrUnavailable) {
+	// NOT_FOUND: the run was deleted after its retention while the
+	// callback waited for its lock; nothing is left to do.
+	if err != nil && !errors.Is(err, ErrUnavailable) && !errors.Is(err, ErrNotFound) {
 		e.log.Error("timer", "run_id", r.id, "err", err)
 	}
 }

@@ -314,3 +314,47 @@ func TestRegisterWorkerRefusals(t *testing.T) {
 		})
 	}
 }
+
+// A lease timer that fires while its worker leaves and registers again
+// (the callback waiting for the run's lock meanwhile) must not start a
+// second chain of lease timers beside the new registration's, one of which
+// would then outlive Close.
+func TestLeaseTimerFiringDuringReRegisterIsNotDuplicated(t *testing.T) {
+	h := newHarness(t)
+	h.create("r", turnSpec(1, "")) // no deadline, no interval: lease timers only
+	env := h.envs("r", 1)[0]
+	if n := h.clk.Pending(); n != 1 {
+		t.Fatalf("%d timers armed, want the lease timer", n)
+	}
+	r, err := h.e.run("r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.mu.Lock() // a call holds the run
+	advanced := make(chan struct{})
+	go func() {
+		defer close(advanced)
+		h.clk.Advance(h.e.opts.LeaseTTL) // the lease timer fires; its callback waits for the lock
+	}()
+	for end := time.Now().Add(10 * time.Second); h.clk.Pending() != 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatal("the lease timer did not fire")
+		}
+	}
+	// Ahead of the callback on the lock: the worker leaves and registers again.
+	m := &mut{e: h.e, r: r, now: h.clk.Now()}
+	m.leave(r.workers[env], "deregistered")
+	if _, err := m.register(&v1.RegisterWorkerRequest{RunId: "r", Role: v1.WorkerRole_WORKER_ROLE_ENVIRONMENT, Name: "env-aa"}); err != nil {
+		t.Fatal(err)
+	}
+	m.flush()
+	r.mu.Unlock()
+	<-advanced
+	if n := h.clk.Pending(); n != 1 {
+		t.Errorf("%d timers armed for one live worker, want 1", n)
+	}
+	h.e.Close()
+	if n := h.clk.Pending(); n != 0 {
+		t.Errorf("%d timers still armed after Close, want 0", n)
+	}
+}

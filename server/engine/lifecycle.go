@@ -44,7 +44,7 @@ func (e *Engine) createRun(ctx context.Context, req *v1.CreateRunRequest) (*v1.C
 		TokenHash:     hash,
 	})
 	e.runs[r.id] = r
-	e.tokens[string(hash)] = r.id
+	e.setToken(nil, hash, r.id)
 	i := sort.SearchStrings(e.ids, r.id)
 	e.ids = append(e.ids[:i], append([]string{r.id}, e.ids[i:]...)...)
 	// The run is locked before the map's lock is released, so no other call
@@ -83,16 +83,15 @@ func (m *mut) start() {
 // the commit) would otherwise hold a run no worker can ever join.
 func (e *Engine) createAgain(ctx context.Context, r *runState, spec *v1.RunSpec) (*v1.CreateRunResponse, error) {
 	resp := &v1.CreateRunResponse{}
-	var oldHash, newHash []byte
 	err := e.mutateRun(ctx, r, func(m *mut) error {
 		if !sameSpec(r.rec.Run.Spec, spec) {
 			return errorf(ErrAlreadyExists, "run %q already exists with a different spec", r.id)
 		}
 		if r.rec.LastWorkerNum == 0 && !r.terminal() {
-			oldHash = r.rec.TokenHash
-			resp.RunToken, newHash = newToken()
-			resp.TokenReissued = true
-			r.rec.TokenHash = newHash
+			token, hash := newToken()
+			// Under the run's lock: concurrent repeats leave one token.
+			e.setToken(r.rec.TokenHash, hash, r.id)
+			resp.RunToken, resp.TokenReissued, r.rec.TokenHash = token, true, hash
 			m.dirty()
 			m.event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_WARNING,
 				Message: "run token reissued: CreateRun repeated with the same spec before any worker registered (its first answer may have been lost); the earlier token no longer works"})
@@ -102,12 +101,6 @@ func (e *Engine) createAgain(ctx context.Context, r *runState, spec *v1.RunSpec)
 	})
 	if err != nil {
 		return nil, err
-	}
-	if newHash != nil {
-		e.mu.Lock()
-		delete(e.tokens, string(oldHash))
-		e.tokens[string(newHash)] = r.id
-		e.mu.Unlock()
 	}
 	return resp, nil
 }

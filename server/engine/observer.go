@@ -42,10 +42,7 @@ type Stats struct {
 func (e *Engine) Stats() Stats {
 	s := Stats{Runs: map[v1.RunState]int{}, Workers: map[v1.WorkerRole]map[v1.WorkerState]int{}}
 	e.mu.RLock()
-	runs := make([]*runState, 0, len(e.runs))
-	for _, r := range e.runs {
-		runs = append(runs, r)
-	}
+	runs := e.allRuns()
 	e.mu.RUnlock()
 	for _, r := range runs {
 		r.mu.Lock()

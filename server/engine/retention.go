@@ -34,9 +34,10 @@ func (e *Engine) purgeFinished() {
 func (e *Engine) pastRetention() []*runState {
 	cutoff := e.clk.Now().Add(-e.opts.FinishedRunRetention)
 	e.mu.RLock()
-	defer e.mu.RUnlock()
+	runs := e.allRuns()
+	e.mu.RUnlock()
 	var due []*runState
-	for _, r := range e.runs {
+	for _, r := range runs {
 		r.mu.Lock()
 		if ended := r.rec.Run.EndedAt; r.terminal() && ended != nil && !ended.AsTime().After(cutoff) {
 			due = append(due, r)
@@ -62,10 +63,10 @@ func (e *Engine) purge(r *runState) {
 	b.DeleteRun(r.id)
 	p := e.st.Submit(&b)
 	r.last = p
-	state, ended, token := stateName(r.state()), r.rec.Run.EndedAt.AsTime(), string(r.rec.GetTokenHash())
+	state, ended := stateName(r.state()), r.rec.Run.EndedAt.AsTime()
+	e.setToken(r.rec.GetTokenHash(), nil, r.id)
 	r.mu.Unlock()
 	delete(e.runs, r.id)
-	delete(e.tokens, token)
 	if i := sort.SearchStrings(e.ids, r.id); i < len(e.ids) && e.ids[i] == r.id {
 		e.ids = slices.Delete(e.ids, i, i+1)
 	}

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"sync"
 	"testing"
 	"time"
 
@@ -281,5 +282,51 @@ func TestCreateRunStartedAt(t *testing.T) {
 	ranks := h.trainers("budget", 1)
 	if d := h.step("budget", ranks[0], 1, 40*60); d.Action != v1.StepAction_STEP_ACTION_SAVE_AND_STOP {
 		t.Fatalf("step 1: %v (%s)", d.Action, d.Explanation)
+	}
+}
+
+// Repeats of a CreateRun racing each other leave exactly one working token,
+// the run's, and none survives the run's deletion (its id may be created
+// again, and an old token must not open the new run).
+func TestConcurrentCreateRunRepeatsLeaveOneToken(t *testing.T) {
+	h := newHarnessWith(t, Options{HeartbeatInterval: 5 * time.Second, FinishedRunRetention: time.Hour})
+	spec := turnSpec(1, "")
+	first, err := h.e.CreateRun(h.ctx, &v1.CreateRunRequest{RunId: "r", Spec: spec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokens := make([]string, 8)
+	var wg sync.WaitGroup
+	for i := range tokens {
+		wg.Go(func() {
+			resp, err := h.e.CreateRun(h.ctx, &v1.CreateRunRequest{RunId: "r", Spec: spec})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			tokens[i] = resp.RunToken
+		})
+	}
+	wg.Wait()
+	tokens = append(tokens, first.RunToken)
+	working := 0
+	for _, tok := range tokens {
+		if _, ok := h.e.RunForToken(tok); ok {
+			working++
+		}
+	}
+	if working != 1 {
+		t.Fatalf("%d of the %d tokens issued work, want 1", working, len(tokens))
+	}
+
+	if _, err := h.e.CancelRun(h.ctx, &v1.CancelRunRequest{RunId: "r"}); err != nil {
+		t.Fatal(err)
+	}
+	h.clk.Advance(2 * time.Hour) // deleted after its retention
+	h.create("r", spec)
+	for _, tok := range tokens {
+		if id, ok := h.e.RunForToken(tok); ok {
+			t.Fatalf("a token of the deleted run opens run %q, created again", id)
+		}
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+	"github.com/snapcoord/snapcoord/server/clock"
 )
 
 // worker returns the calling worker, checking that its role may make the
@@ -288,8 +289,15 @@ func (m *mut) renewLease(w *workerState, ttl time.Duration) {
 // no timer operation.
 func (m *mut) armLease(w *workerState, d time.Duration) {
 	r, e := m.r, m.e
-	w.timer = e.clk.AfterFunc(d, func() {
+	var t clock.Timer
+	t = e.clk.AfterFunc(d, func() {
 		e.onTimer(r, func(m *mut) {
+			if w.timer != t {
+				// Stopped (the worker left) or replaced (it registered
+				// again) while this callback waited for the run's lock:
+				// re-arming here would start a second chain of timers.
+				return
+			}
 			w.timer = nil
 			// In a finished run too: a worker that went away without
 			// deregistering would otherwise be LIVE for good.
@@ -303,6 +311,7 @@ func (m *mut) armLease(w *workerState, d time.Duration) {
 			m.lose(w)
 		})
 	})
+	w.timer = t
 }
 
 func (m *mut) lose(w *workerState) {

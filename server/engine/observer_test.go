@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -40,9 +41,13 @@ func (o *countingObserver) counts() (decisions, fires int) {
 // from being counted either: the decision and the fire reach the metrics.
 func TestObserverCountsACallWhoseCallerGaveUp(t *testing.T) {
 	obs := &countingObserver{}
-	var slow sync.Mutex
+	var slow atomic.Pointer[chan struct{}] // while set, commits wait for it to close
 	h := newHarnessStore(t, Options{HeartbeatInterval: 5 * time.Second, Observer: obs},
-		store.Options{OnCommit: func(int, time.Duration) { slow.Lock(); slow.Unlock() }})
+		store.Options{OnCommit: func(int, time.Duration) {
+			if c := slow.Load(); c != nil {
+				<-*c
+			}
+		}})
 	h.create("r", turnSpec(1, ""))
 	ranks := h.trainers("r", 1)
 	h.step("r", ranks[0], 1, 1)
@@ -51,12 +56,14 @@ func TestObserverCountsACallWhoseCallerGaveUp(t *testing.T) {
 	}
 	decisions, fires := obs.counts()
 
-	slow.Lock() // the next commit takes its time
+	release := make(chan struct{})
+	slow.Store(&release) // the next commit takes its time
 	ctx, cancel := context.WithCancel(h.ctx)
 	cancel() // the caller has already given up
 	_, err := h.e.CompleteStep(ctx, &v1.CompleteStepRequest{RunId: "r", WorkerId: ranks[0], Step: 2, IterationSeconds: 1})
 	wantErr(t, err, context.Canceled, "")
-	slow.Unlock()
+	slow.Store(nil)
+	close(release)
 	if d := h.step("r", ranks[0], 2, 1); d.Action != v1.StepAction_STEP_ACTION_SAVE_AND_STOP { // the retry
 		t.Fatalf("retry of step 2: %v", d.Action)
 	}

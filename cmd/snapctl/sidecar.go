@@ -8,8 +8,10 @@ import (
 	"log/slog"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
+	"unicode"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 	"github.com/snapcoord/snapcoord/client"
@@ -300,6 +302,15 @@ func (s *sidecar) stop(ctx context.Context, reason string) error {
 	if s.cfg.onStop == "" {
 		return nil
 	}
+	// No control characters in the environment: a NUL there would keep the
+	// hook from starting. (Coordinators store reasons without them, but
+	// one's data may predate that.)
+	reason = strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) {
+			return ' '
+		}
+		return r
+	}, reason)
 	res := hook{cmdline: s.cfg.onStop, env: append(s.hookEnv(), "SNAPCOORD_STOP_REASON="+reason),
 		stdout: s.c.stdout, stderr: s.c.stderr}.run(ctx)
 	if res.outcome != v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SAVED {

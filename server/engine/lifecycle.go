@@ -227,7 +227,7 @@ func (e *Engine) triggerDeadline(ctx context.Context, req *v1.TriggerDeadlineReq
 		if r.terminal() || r.fired() {
 			return errorf(ErrFailedPrecondition, "run %q: the deadline already fired or the run is over (run is %s)", r.id, stateName(r.state()))
 		}
-		reason := req.Reason
+		reason := oneLine(req.Reason)
 		if reason == "" {
 			reason = "triggered by an operator"
 		}
@@ -257,7 +257,7 @@ func (e *Engine) cancelRun(ctx context.Context, req *v1.CancelRunRequest) (*v1.R
 		if r.terminal() {
 			return errorf(ErrFailedPrecondition, "run %q is already %s", r.id, stateName(r.state()))
 		}
-		reason := req.Reason
+		reason := oneLine(req.Reason)
 		if reason == "" {
 			reason = "cancelled by an operator"
 		}

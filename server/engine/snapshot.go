@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -155,7 +157,7 @@ func (m *mut) snapshotReport(ctx context.Context, w *workerState, req *v1.Report
 
 func (m *mut) newSnapshotReport(w *workerState, req *v1.ReportSnapshotRequest) *v1.SnapshotReport {
 	return &v1.SnapshotReport{WorkerId: w.w.WorkerId, Outcome: req.Outcome,
-		DurationSeconds: req.DurationSeconds, Message: req.Message, ReportedAt: m.ts()}
+		DurationSeconds: req.DurationSeconds, Message: oneLine(req.Message), ReportedAt: m.ts()}
 }
 
 func errTerminalReport(r *runState) error {
@@ -195,7 +197,7 @@ func (m *mut) lateSnapshotReport(ctx context.Context, w *workerState, req *v1.Re
 func (m *mut) checkSnapshotDone(s *v1.Snapshot) {
 	x := m.r.reportIndex(s)
 	if rep := x.invariant; rep != nil {
-		m.completeSnapshot(s, rep.Outcome, fmt.Sprintf("worker %s: %s", rep.WorkerId, rep.Message))
+		m.completeSnapshot(s, rep.Outcome, fmt.Sprintf("worker %s: %s", rep.WorkerId, clip(rep.Message, maxQuotedMessage)))
 		return
 	}
 	for id := range x.waiting {
@@ -272,22 +274,65 @@ func combineOutcomes(s *v1.Snapshot, reported map[string]*v1.SnapshotReport, wor
 		case rep.Outcome == v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SKIPPED:
 			skipped = append(skipped, id)
 		case rep.Outcome == v1.SnapshotOutcome_SNAPSHOT_OUTCOME_IO_ERROR:
-			ioErr = append(ioErr, id+": "+rep.Message)
+			ioErr = append(ioErr, id+": "+clip(rep.Message, maxQuotedMessage))
 		default:
 			timeout = append(timeout, id)
 		}
 	}
 	switch {
 	case len(timeout) > 0:
-		return v1.SnapshotOutcome_SNAPSHOT_OUTCOME_TIMEOUT, "no report in time from " + strings.Join(timeout, ", ")
+		return v1.SnapshotOutcome_SNAPSHOT_OUTCOME_TIMEOUT, "no report in time from " + some(timeout, ", ")
 	case len(ioErr) > 0:
-		return v1.SnapshotOutcome_SNAPSHOT_OUTCOME_IO_ERROR, "I/O error on " + strings.Join(ioErr, "; ")
+		return v1.SnapshotOutcome_SNAPSHOT_OUTCOME_IO_ERROR, "I/O error on " + some(ioErr, "; ")
 	case len(s.ExpectedWorkerIds) == 0:
 		return v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SKIPPED, "no environment worker was live"
 	case len(saved) == 0 || s.Forced && len(skipped) > 0:
-		return v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SKIPPED, "skipped by " + strings.Join(skipped, ", ")
+		return v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SKIPPED, "skipped by " + some(skipped, ", ")
 	}
 	return v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SAVED, fmt.Sprintf("saved by %d environment workers", len(saved))
+}
+
+// A snapshot's message names the workers that decided its outcome, and it
+// goes on into the run's failure_message, an event and every worker's Stop.
+// Naming all of 10,000 workers, each with its 4 KiB of error, made a run
+// too big to read (GetRun past the 4 MiB a client accepts) and its Stop
+// undeliverable: the first few say enough.
+const (
+	maxNamedWorkers  = 5
+	maxQuotedMessage = 256
+)
+
+// oneLine replaces control characters in free text from a client (a
+// report's message, a reason) by spaces. The text goes on into events,
+// failure_message and Stop reasons: a NUL there made the sidecar's
+// --on-stop hook fail (no NUL in an environment variable), and a newline or
+// an escape sequence forged lines in `snapctl events`.
+func oneLine(s string) string {
+	return strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) {
+			return ' '
+		}
+		return r
+	}, s)
+}
+
+// some joins the first maxNamedWorkers items and says how many more.
+func some(items []string, sep string) string {
+	if len(items) <= maxNamedWorkers {
+		return strings.Join(items, sep)
+	}
+	return fmt.Sprintf("%s%sand %d more", strings.Join(items[:maxNamedWorkers], sep), sep, len(items)-maxNamedWorkers)
+}
+
+// clip cuts s to at most n bytes, on a character boundary.
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "..."
 }
 
 func workerStateName(w *workerState) string {

@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"google.golang.org/protobuf/proto"
 
@@ -650,5 +652,34 @@ func TestRunEndClosesSnapshotInFlight(t *testing.T) {
 				t.Fatalf("%d Stop commands, want 1", stops)
 			}
 		})
+	}
+}
+
+// A snapshot that fails on thousands of workers names the first few, with
+// the start of their messages, and counts the rest: its message goes on
+// into failure_message and every worker's Stop, which must stay readable.
+// Control characters in a message are stored as spaces.
+func TestSnapshotFailureMessageIsBounded(t *testing.T) {
+	h := newHarness(t)
+	h.create("r", intervalSpec(1))
+	ranks := h.trainers("r", 1)
+	envs := h.envs("r", 20)
+	h.advance(60*time.Second, "r", append(ranks, envs...)...)
+	s := h.lastSnapshot("r")
+	long := "disk full\x00\n\x1b[2K" + strings.Repeat("é", 2000) // 4 KB, with control characters
+	for _, env := range envs {
+		if err := h.reportMsg("r", env, s.SnapshotId, v1.SnapshotOutcome_SNAPSHOT_OUTCOME_IO_ERROR, 1, long); err != nil {
+			t.Fatal(err)
+		}
+	}
+	run := h.wantState("r", v1.RunState_RUN_STATE_FAILED)
+	msg := run.FailureMessage
+	if len(msg) > 2048 || !strings.Contains(msg, "and 15 more") || !utf8.ValidString(msg) {
+		t.Fatalf("failure_message of %d bytes (valid UTF-8: %v): %.300q", len(msg), utf8.ValidString(msg), msg)
+	}
+	for _, r := range msg {
+		if unicode.IsControl(r) {
+			t.Fatalf("failure_message holds control character %q", r)
+		}
 	}
 }

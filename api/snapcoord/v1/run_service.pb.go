@@ -471,7 +471,8 @@ type TriggerDeadlineRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The run.
 	RunId string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
-	// Why, recorded in the run's events.
+	// Why, recorded in the run's events. At most 1024 bytes; control
+	// characters are stored as spaces.
 	Reason        string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -572,7 +573,8 @@ type CancelRunRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The run.
 	RunId string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
-	// Why, recorded in the run and sent with Stop.
+	// Why, recorded in the run and sent with Stop. At most 1024 bytes;
+	// control characters are stored as spaces.
 	Reason        string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1054,12 +1056,12 @@ const file_snapcoord_v1_run_service_proto_rawDesc = "" +
 	"\x03run\x18\x01 \x01(\v2\x11.snapcoord.v1.RunR\x03run\"v\n" +
 	"\x16TriggerDeadlineRequest\x12:\n" +
 	"\x06run_id\x18\x01 \x01(\tB#\xbaH r\x1e2\x1c^[a-z0-9][a-z0-9._-]{0,127}$R\x05runId\x12 \n" +
-	"\x06reason\x18\x02 \x01(\tB\b\xbaH\x05r\x03\x18\x80\bR\x06reason\">\n" +
+	"\x06reason\x18\x02 \x01(\tB\b\xbaH\x05r\x03(\x80\bR\x06reason\">\n" +
 	"\x17TriggerDeadlineResponse\x12#\n" +
 	"\x03run\x18\x01 \x01(\v2\x11.snapcoord.v1.RunR\x03run\"p\n" +
 	"\x10CancelRunRequest\x12:\n" +
 	"\x06run_id\x18\x01 \x01(\tB#\xbaH r\x1e2\x1c^[a-z0-9][a-z0-9._-]{0,127}$R\x05runId\x12 \n" +
-	"\x06reason\x18\x02 \x01(\tB\b\xbaH\x05r\x03\x18\x80\bR\x06reason\"8\n" +
+	"\x06reason\x18\x02 \x01(\tB\b\xbaH\x05r\x03(\x80\bR\x06reason\"8\n" +
 	"\x11CancelRunResponse\x12#\n" +
 	"\x03run\x18\x01 \x01(\v2\x11.snapcoord.v1.RunR\x03run\"\x90\x01\n" +
 	"\x0fWatchRunRequest\x12:\n" +

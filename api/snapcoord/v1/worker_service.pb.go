@@ -807,7 +807,9 @@ type ReportSnapshotRequest struct {
 	Outcome SnapshotOutcome `protobuf:"varint,4,opt,name=outcome,proto3,enum=snapcoord.v1.SnapshotOutcome" json:"outcome,omitempty"`
 	// How long it took, in seconds. 0..2592000.
 	DurationSeconds float64 `protobuf:"fixed64,5,opt,name=duration_seconds,json=durationSeconds,proto3" json:"duration_seconds,omitempty"`
-	// Free text: the error, or where the snapshot went.
+	// Free text: the error, or where the snapshot went. At most 4096 bytes;
+	// control characters are stored as spaces. The snapshot's own message
+	// quotes the first 256 bytes.
 	Message string `protobuf:"bytes,6,opt,name=message,proto3" json:"message,omitempty"`
 	// The incarnation RegisterWorker returned. If another process has
 	// registered under the worker's name since, the call fails with
@@ -1380,7 +1382,7 @@ const file_snapcoord_v1_worker_service_proto_rawDesc = "" +
 	"\aoutcome\x18\x04 \x01(\x0e2\x1d.snapcoord.v1.SnapshotOutcomeB\n" +
 	"\xbaH\a\x82\x01\x04\x10\x01 \x00R\aoutcome\x12D\n" +
 	"\x10duration_seconds\x18\x05 \x01(\x01B\x19\xbaH\x16\x12\x14@\x01\x19\x00\x00\x00\x00\x80\xc6CA)\x00\x00\x00\x00\x00\x00\x00\x00R\x0fdurationSeconds\x12\"\n" +
-	"\amessage\x18\x06 \x01(\tB\b\xbaH\x05r\x03\x18\x80 R\amessage\x12)\n" +
+	"\amessage\x18\x06 \x01(\tB\b\xbaH\x05r\x03(\x80 R\amessage\x12)\n" +
 	"\vincarnation\x18\a \x01(\x03B\a\xbaH\x04\"\x02(\x00R\vincarnation\"M\n" +
 	"\x16ReportSnapshotResponse\x123\n" +
 	"\trun_state\x18\x01 \x01(\x0e2\x16.snapcoord.v1.RunStateR\brunState\"\xa1\x01\n" +

@@ -18,6 +18,9 @@ func (e *Engine) reportCheckpoint(ctx context.Context, req *v1.ReportCheckpointR
 		if err != nil {
 			return err
 		}
+		if err := m.r.reachable(req.Step); err != nil {
+			return err
+		}
 		st, err := m.step(ctx, req.Step)
 		if err != nil {
 			return err

@@ -190,3 +190,28 @@ func TestStepEndingAtBExactlySaves(t *testing.T) {
 		t.Fatalf("step 1 at B - 8.2 s with an 8.2 s iteration: %v (%s)", d.Action, d.Explanation)
 	}
 }
+
+// A step more than one past the run's last is refused, naming the field: a
+// wrong step number (a sample count) must not fire the deadline at a step
+// no rank reaches, nor publish a checkpoint every later one seems older
+// than. The first step may be any (a run resumed from a checkpoint), and a
+// rank may checkpoint the step it is about to ask about.
+func TestStepFarAheadIsRefused(t *testing.T) {
+	h := newHarness(t)
+	h.create("r", turnSpec(2, "00:01:00:00"))
+	ranks := h.trainers("r", 2)
+	h.stepAll("r", ranks, 5001, 10) // resumed from the checkpoint of step 5000
+	_, err := h.e.CompleteStep(h.ctx, &v1.CompleteStepRequest{RunId: "r", WorkerId: ranks[1], Step: 1_000_000_000_000, IterationSeconds: 3600})
+	wantErr(t, err, ErrFailedPrecondition, "step:")
+	_, err = h.e.ReportCheckpoint(h.ctx, &v1.ReportCheckpointRequest{RunId: "r", WorkerId: ranks[0], Step: 9000,
+		Phase: v1.CheckpointPhase_CHECKPOINT_PHASE_SAVED, SaveSeconds: 1})
+	wantErr(t, err, ErrFailedPrecondition, "step:")
+	h.checkpoint("r", ranks, 5002, v1.CheckpointPhase_CHECKPOINT_PHASE_SAVED, 1) // saved, then asked about
+	if a := h.stepAll("r", ranks, 5002, 10); a != v1.StepAction_STEP_ACTION_CONTINUE {
+		t.Fatalf("step 5002: %v", a)
+	}
+	run := h.get("r")
+	if run.LastStep != 5002 || run.LastPublishedStep != 5002 || run.FiredAt != nil {
+		t.Fatalf("after the refused steps: last step %d, published %d, fired %v", run.LastStep, run.LastPublishedStep, run.FiredAt)
+	}
+}

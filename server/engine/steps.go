@@ -49,6 +49,9 @@ func (m *mut) completeStep(ctx context.Context, step int64, iterSeconds float64)
 		return &v1.Decision{Step: step, Action: v1.StepAction_STEP_ACTION_STOP, DecidedAt: r.rec.Run.EndedAt,
 			Inputs: proto.Clone(r.rec.Run.Deadline).(*v1.Deadline), Explanation: "the run is " + stateName(r.state()) + ": stop"}, nil
 	}
+	if err := r.reachable(step); err != nil {
+		return nil, err
+	}
 	if st == nil {
 		st = &storagev1.StepRecord{Step: step}
 	}
@@ -70,6 +73,21 @@ func (m *mut) completeStep(ctx context.Context, step int64, iterSeconds float64)
 	m.observe(func(ctx context.Context) { m.e.obs.Decision(ctx, runID, step, d.Action) })
 	m.savedBeforeAsked(st)
 	return d, nil
+}
+
+// reachable refuses a step more than one past the run's last: ranks ask
+// about every step, in order, and checkpoint a step they completed (at most
+// the one they are about to ask about). A wrong step number (a sample
+// count, a global batch index) would otherwise fire the deadline at a step
+// no rank reaches, leaving the others told to continue to it, or publish a
+// checkpoint that every real one after it seems older than. The first step
+// may be any: a run resumed from a checkpoint starts past 1.
+func (r *runState) reachable(step int64) error {
+	last := r.rec.Run.LastStep
+	if last == 0 || step <= last+1 {
+		return nil
+	}
+	return errorf(ErrFailedPrecondition, "step: %d is more than one past the run's last step %d: ranks ask about every step, in order", step, last)
 }
 
 func (m *mut) observeIteration(st *storagev1.StepRecord, sec float64) {

@@ -503,7 +503,8 @@ type CompleteStepRequest struct {
 	RunId string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
 	// From RegisterWorker (a TRAINER).
 	WorkerId string `protobuf:"bytes,2,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
-	// The step just completed, from 1.
+	// The step just completed, from 1. At most one past the run's last step
+	// (FAILED_PRECONDITION naming step otherwise); the run's first may be any.
 	Step int64 `protobuf:"varint,3,opt,name=step,proto3" json:"step,omitempty"`
 	// How long this rank's iteration took, in seconds. 0..31536000.
 	IterationSeconds float64 `protobuf:"fixed64,4,opt,name=iteration_seconds,json=iterationSeconds,proto3" json:"iteration_seconds,omitempty"`
@@ -661,7 +662,9 @@ type ReportCheckpointRequest struct {
 	RunId string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
 	// From RegisterWorker (a TRAINER).
 	WorkerId string `protobuf:"bytes,2,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
-	// The checkpoint's step.
+	// The checkpoint's step: a step the rank completed, or the one it is
+	// about to ask about; more than one past the run's last step is
+	// FAILED_PRECONDITION.
 	Step int64 `protobuf:"varint,3,opt,name=step,proto3" json:"step,omitempty"`
 	// SAVED (this rank wrote it) or PUBLISHED (step_N is visible).
 	Phase CheckpointPhase `protobuf:"varint,4,opt,name=phase,proto3,enum=snapcoord.v1.CheckpointPhase" json:"phase,omitempty"`

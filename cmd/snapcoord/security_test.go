@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -288,17 +289,21 @@ func TestLimitsFromFlags(t *testing.T) {
 		t.Errorf("4 KiB of metadata with --max-header-list-size 2048: %v, want refused at 2048 bytes", err)
 	}
 
-	a, err := runs.CreateRun(t.Context(), &v1.CreateRunRequest{RunId: "only", Spec: runSpec(2)})
+	_, err = runs.CreateRun(t.Context(), &v1.CreateRunRequest{RunId: "too-wide", Spec: runSpec(2)})
+	if wantCode(t, "2 ranks with --max-workers-per-run 1", err, codes.InvalidArgument); !strings.Contains(status.Convert(err).Message(), "max_workers_per_run") {
+		t.Errorf("INVALID_ARGUMENT message %q does not name the limit", status.Convert(err).Message())
+	}
+	a, err := runs.CreateRun(t.Context(), &v1.CreateRunRequest{RunId: "only", Spec: runSpec(1)})
 	if err != nil {
 		t.Fatalf("CreateRun: %v", err)
 	}
-	_, err = runs.CreateRun(t.Context(), &v1.CreateRunRequest{RunId: "one-too-many", Spec: runSpec(2)})
+	_, err = runs.CreateRun(t.Context(), &v1.CreateRunRequest{RunId: "one-too-many", Spec: runSpec(1)})
 	if wantCode(t, "second CreateRun with --max-runs 1", err, codes.ResourceExhausted); !strings.Contains(status.Convert(err).Message(), "max_runs") {
 		t.Errorf("RESOURCE_EXHAUSTED message %q does not name the limit", status.Convert(err).Message())
 	}
 	asRun := bearer(t.Context(), a.GetRunToken())
-	for i, name := range []string{"rank-0", "rank-1"} {
-		_, err := workers.RegisterWorker(asRun, &v1.RegisterWorkerRequest{RunId: "only", Role: v1.WorkerRole_WORKER_ROLE_TRAINER, Name: name, Rank: int32(i)})
+	for i, role := range []v1.WorkerRole{v1.WorkerRole_WORKER_ROLE_TRAINER, v1.WorkerRole_WORKER_ROLE_ENVIRONMENT} {
+		_, err := workers.RegisterWorker(asRun, &v1.RegisterWorkerRequest{RunId: "only", Role: role, Name: fmt.Sprintf("w-%d", i)})
 		if i == 0 && err != nil {
 			t.Fatalf("RegisterWorker: %v", err)
 		}

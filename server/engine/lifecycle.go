@@ -25,6 +25,12 @@ func (e *Engine) createRun(ctx context.Context, req *v1.CreateRunRequest) (*v1.C
 	if err != nil {
 		return nil, err
 	}
+	if max := e.opts.MaxWorkersPerRun; int(spec.TrainerWorldSize) > max {
+		// Its ranks could never all register, so no checkpoint could ever
+		// be saved by all of them.
+		return nil, errorf(ErrInvalidArgument, "spec.trainer_world_size: %d ranks are more than this coordinator's max_workers_per_run %d",
+			spec.TrainerWorldSize, max)
+	}
 	e.mu.Lock()
 	if r := e.runs[req.RunId]; r != nil {
 		e.mu.Unlock()

@@ -10,6 +10,9 @@ import (
 	"github.com/snapcoord/snapcoord/server/deadline"
 )
 
+// maxStartedAtSkew bounds how far spec.started_at may be from now.
+const maxStartedAtSkew = 366 * 24 * time.Hour
+
 // Spec defaults (DESIGN.md).
 const (
 	defaultMaxConsecutiveFailures = 3
@@ -33,6 +36,12 @@ func normalizeSpec(in *v1.RunSpec, now time.Time) (*v1.RunSpec, error) {
 	}
 	if err := s.StartedAt.CheckValid(); err != nil {
 		return nil, errorf(ErrInvalidArgument, "spec.started_at: not a valid timestamp")
+	}
+	if d := s.StartedAt.AsTime().Sub(now); d > maxStartedAtSkew || d < -maxStartedAtSkew {
+		// A zero time.Time (year 1) or a unit mix-up, more likely than a
+		// job that started a year ago: its B would be long past, and the
+		// run would fire at once, which cannot be undone.
+		return nil, errorf(ErrInvalidArgument, "spec.started_at: %s is more than a year from now", s.StartedAt.AsTime().UTC().Format(time.RFC3339))
 	}
 	fillDefaults(s)
 	if _, err := mustSaveBy(s.StartedAt.AsTime(), s.Checkpointing.CheckpointMustSaveBy, s.Checkpointing.MustSaveBy, "spec.checkpointing."); err != nil {
@@ -109,6 +118,11 @@ func mustSaveBy(startedAt time.Time, budget string, abs *timestamppb.Timestamp, 
 		if err := abs.CheckValid(); err != nil {
 			return time.Time{}, errorf(ErrInvalidArgument, "%smust_save_by: not a valid timestamp", prefix)
 		}
+		if abs.AsTime().Before(startedAt) {
+			// A zero time.Time (year 1), typically: the run would fire at once.
+			return time.Time{}, errorf(ErrInvalidArgument, "%smust_save_by: %s is before the run's started_at %s",
+				prefix, abs.AsTime().UTC().Format(time.RFC3339), startedAt.UTC().Format(time.RFC3339))
+		}
 		return abs.AsTime(), nil
 	}
 	if budget == "" {
@@ -118,13 +132,7 @@ func mustSaveBy(startedAt time.Time, budget string, abs *timestamppb.Timestamp, 
 	if err != nil {
 		return time.Time{}, errorf(ErrInvalidArgument, "%scheckpoint_must_save_by: %q %s", prefix, budget, err.Error())
 	}
-	b := startedAt.Add(d)
-	if timestamppb.New(b).CheckValid() != nil {
-		// Stored as B, it would make the run unreadable as JSON (grpcurl).
-		return time.Time{}, errorf(ErrInvalidArgument, "%scheckpoint_must_save_by: %q from started_at %s ends after year 9999",
-			prefix, budget, startedAt.UTC().Format(time.RFC3339))
-	}
-	return b, nil
+	return startedAt.Add(d), nil
 }
 
 func needsSnapshots(l v1.TargetLevel) bool {
@@ -187,12 +195,7 @@ func (e *Engine) deadlineView(r *runState) *v1.Deadline {
 		d.TriggerPending = r.rec.ManualFireReason
 	}
 	if b, ok := r.mustSaveBy(); ok {
-		// Left out when it falls before year 1 (a B near it, long
-		// estimates): a Timestamp cannot hold it, and the run could not be
-		// shown as JSON.
-		if f := timestamppb.New(e.policy.FiresAt(b, est)); f.CheckValid() == nil {
-			d.FiresAt = f
-		}
+		d.FiresAt = timestamppb.New(e.policy.FiresAt(b, est))
 	}
 	return d
 }

@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -72,10 +71,14 @@ func TestCreateRunValidation(t *testing.T) {
 		{"trainer_world_size negative", &v1.RunSpec{TrainerWorldSize: -4}, worldField},
 		{"no spec", nil, "spec"},
 		{"started_at not a valid timestamp", startingAt(spec(turn, "", nil, false, nil, nil), &timestamppb.Timestamp{Seconds: 1 << 62}), "spec.started_at"},
-		{"budget ends after year 9999", startingAt(spec(turn, "02:00:00:00", nil, false, nil, nil),
-			timestamppb.New(time.Date(9999, 12, 31, 0, 0, 0, 0, time.UTC))), budgetField},
-		{"budget ends in year 9999", startingAt(spec(turn, "00:23:00:00", nil, false, nil, nil),
-			timestamppb.New(time.Date(9999, 12, 31, 0, 0, 0, 0, time.UTC))), ""},
+		{"started_at in year 9999", startingAt(spec(turn, "02:00:00:00", nil, false, nil, nil),
+			timestamppb.New(time.Date(9999, 12, 31, 0, 0, 0, 0, time.UTC))), "spec.started_at"},
+		{"started_at in year 1 (a zero time.Time)", startingAt(spec(turn, "02:00:00:00", nil, false, nil, nil),
+			timestamppb.New(time.Time{})), "spec.started_at"},
+		{"started_at a day ago", startingAt(spec(turn, "02:00:00:00", nil, false, nil, nil), timestamppb.New(t0.Add(-24*time.Hour))), ""},
+		{"must_save_by in year 1 (a zero time.Time)", spec(turn, "", timestamppb.New(time.Time{}), false, nil, nil), absField},
+		{"must_save_by before started_at", startingAt(spec(turn, "", abs, false, nil, nil), timestamppb.New(t0.Add(2*time.Hour))), absField},
+		{"more ranks than max_workers_per_run", &v1.RunSpec{TrainerWorldSize: 10001}, worldField},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t)
@@ -104,23 +107,6 @@ func TestCreateRunValidation(t *testing.T) {
 				h.restart()
 			}
 		})
-	}
-}
-
-// A B so early that B - (I + C + R + M) falls before year 1 leaves the run
-// without fires_at, rather than with a Timestamp nothing can marshal.
-func TestFiresAtBeforeYearOneIsLeftOut(t *testing.T) {
-	h := newHarness(t)
-	spec := turnSpec(1, "")
-	spec.Checkpointing.MustSaveBy = timestamppb.New(time.Date(1, 1, 1, 0, 0, 10, 0, time.UTC))
-	spec.Reserve = &v1.ReserveSpec{MarginSeconds: 30}
-	h.create("r", spec)
-	run := h.get("r")
-	if f := run.Deadline.GetFiresAt(); f != nil {
-		t.Fatalf("fires_at %v for B %v", f, run.Deadline.MustSaveBy)
-	}
-	if _, err := protojson.Marshal(run); err != nil {
-		t.Fatalf("the run cannot be shown as JSON: %v", err)
 	}
 }
 

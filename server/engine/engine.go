@@ -98,12 +98,13 @@ type Engine struct {
 	tokensMu sync.Mutex
 	tokens   map[string]string // sha256(token) -> run id
 
-	failed    atomic.Pointer[error] // set once a commit failed
-	closed    atomic.Bool
-	draining  chan struct{} // closed by EndLongCalls (and Close)
-	broken    chan struct{} // closed by the first failed commit
-	drainOnce sync.Once
-	sweep     clock.Timer // the next purge of finished runs; guarded by mu
+	failed atomic.Pointer[error] // set once a commit failed
+	closed atomic.Bool
+	// stopWaiting is closed by EndLongCalls (and Close) or the first
+	// failed commit: every wait for a change ends (see await).
+	stopWaiting chan struct{}
+	stopOnce    sync.Once
+	sweep       clock.Timer // the next purge of finished runs; guarded by mu
 }
 
 // New loads every run from st and re-arms its timers.
@@ -111,7 +112,7 @@ func New(ctx context.Context, st *store.DB, opts Options) (*Engine, error) {
 	opts.setDefaults()
 	e := &Engine{
 		opts: opts, clk: opts.Clock, st: st, log: opts.Logger, policy: opts.Policy, obs: opts.Observer,
-		runs: map[string]*runState{}, tokens: map[string]string{}, draining: make(chan struct{}), broken: make(chan struct{}),
+		runs: map[string]*runState{}, tokens: map[string]string{}, stopWaiting: make(chan struct{}),
 	}
 	data, err := st.Load(ctx, store.Window{Steps: stepsKept, Events: eventsKept})
 	if err != nil {
@@ -170,7 +171,9 @@ func (e *Engine) allRuns() []*runState {
 // shutdown calls it first, since the gRPC server waits for every open call.
 // The engine ends its own waits so that the gRPC layer need not wrap each
 // of thousands of streams in a cancellable context for the purpose.
-func (e *Engine) EndLongCalls() { e.drainOnce.Do(func() { close(e.draining) }) }
+func (e *Engine) EndLongCalls() { e.stopWaits() }
+
+func (e *Engine) stopWaits() { e.stopOnce.Do(func() { close(e.stopWaiting) }) }
 
 // Healthy is nil while the engine can commit; after a failed commit it is
 // the cause, and every call fails with ErrUnavailable.
@@ -310,7 +313,7 @@ func (e *Engine) wait(ctx context.Context, p *store.Pending) error {
 
 func (e *Engine) fail(err error) {
 	if e.failed.CompareAndSwap(nil, &err) {
-		close(e.broken)
+		e.stopWaits()
 		e.log.Error("store commit failed; refusing further changes until restart", "err", err)
 	}
 }

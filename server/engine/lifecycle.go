@@ -336,7 +336,7 @@ func (m *mut) terminate(s v1.RunState, reason string) {
 func (e *Engine) resume(r *runState) {
 	r.mu.Lock()
 	m := &mut{e: e, r: r, now: e.clk.Now()}
-	r.graceUntil = m.now.Add(e.opts.RestartGrace)
+	r.loadedAt, r.graceUntil = m.now, m.now.Add(e.opts.RestartGrace)
 	if !r.terminal() {
 		m.armPreStep()
 		m.armInterval(false)

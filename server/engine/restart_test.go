@@ -216,3 +216,39 @@ func TestRestartResumesCommandsAndSnapshots(t *testing.T) {
 		}
 	}
 }
+
+// A snapshot the coordinator's restart interrupted adds to R what the
+// workers took, not the outage: counted from its issue, R would be as long
+// as the coordinator was down, and every deadline would fire that much
+// earlier for the next reserve window.
+func TestSnapshotAcrossARestartAddsNotTheOutageToR(t *testing.T) {
+	h := newHarness(t)
+	spec := intervalSpec(3)
+	h.create("r", spec)
+	ranks := h.trainers("r", 1)
+	envs := h.envs("r", 2)
+	h.advance(60*time.Second, "r", append(ranks, envs...)...)
+	s := h.lastSnapshot("r")
+	h.down(25 * time.Second) // the workers save meanwhile, and report once it is back
+	for i, env := range envs {
+		if err := h.report("r", env, s.SnapshotId, v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SAVED, 2+float64(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := h.lastSnapshot("r"); got.Outcome != v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SAVED || got.DurationSeconds < 25 {
+		t.Fatalf("snapshot %v: want SAVED, lasting the outage from its issue", got)
+	}
+	if r := h.get("r").Deadline.SaveReserveSeconds; r != 3 {
+		t.Fatalf("R = %v s after a snapshot the workers took 2 and 3 s over, want 3", r)
+	}
+
+	// One issued after the restart counts from its issue, as before.
+	h.advance(60*time.Second, "r", append(ranks, envs...)...)
+	next := h.lastSnapshot("r")
+	h.clk.Advance(4 * time.Second)
+	h.reportAll("r", envs, next.SnapshotId, v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SAVED)
+	done := h.lastSnapshot("r")
+	if r := h.get("r").Deadline.SaveReserveSeconds; done.SnapshotId != next.SnapshotId || done.DurationSeconds < 4 || r != done.DurationSeconds {
+		t.Fatalf("R = %v s after snapshot %s took %v s from issue to its last report; want that", r, done.SnapshotId, done.DurationSeconds)
+	}
+}

@@ -55,6 +55,9 @@ type runState struct {
 	// the start that loaded the run): until then no bound on reports falls
 	// due. See afterGrace.
 	graceUntil time.Time
+	// loadedAt is when this process loaded the run from the store; zero
+	// for a run it created. See reserveSeconds.
+	loadedAt time.Time
 
 	purged bool // deleted after its retention; callers that found it first get NOT_FOUND
 

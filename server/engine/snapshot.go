@@ -350,9 +350,10 @@ func (m *mut) completeSnapshot(s *v1.Snapshot, outcome v1.SnapshotOutcome, why s
 	if excused {
 		why += "; not counted toward max_consecutive_failures: only workers no longer live did not report"
 	}
+	reported := longestReport(s) // before closeSnapshot drops the reports
 	m.closeSnapshot(s, outcome, why)
 	if outcome == v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SAVED {
-		m.recordReserve(s.DurationSeconds)
+		m.recordReserve(m.reserveSeconds(s, reported))
 	}
 	if s.SnapshotId == r.rec.DeadlineSnapshotId {
 		m.finishDeadline(s)
@@ -411,6 +412,27 @@ func onlyGoneWorkersMissing(s *v1.Snapshot, reported map[string]*v1.SnapshotRepo
 }
 
 // recordReserve feeds R: the window keeps the latest SAVED durations.
+// reserveSeconds is what a SAVED snapshot adds to R: its duration, from
+// issue to the last report; but for one issued before this process loaded
+// the run (the coordinator restarted meanwhile), reported, the longest
+// duration a worker reported. The outage, and the command's delivery after
+// it, are no part of what a save takes, and would make every deadline fire
+// that much earlier for the next reserve window.
+func (m *mut) reserveSeconds(s *v1.Snapshot, reported float64) float64 {
+	if s.IssuedAt.AsTime().Before(m.r.loadedAt) {
+		return reported
+	}
+	return s.DurationSeconds
+}
+
+func longestReport(s *v1.Snapshot) float64 {
+	longest := 0.0
+	for _, rep := range s.Reports {
+		longest = max(longest, rep.DurationSeconds)
+	}
+	return longest
+}
+
 func (m *mut) recordReserve(sec float64) {
 	r := m.r
 	w := int(r.rec.Run.Spec.Reserve.Window)

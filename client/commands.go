@@ -31,7 +31,8 @@ func (w *Worker) receive(ctx context.Context) {
 
 // follow delivers commands until a Stop, until ctx ends (nil), or until an
 // error that retrying cannot fix. Failed fetches are retried with the
-// client's backoff; a fetch that delivered something resets it.
+// client's backoff, capped at followMaxWait; a fetch that delivered
+// something resets it.
 func (w *Worker) follow(ctx context.Context) error {
 	var failures uint
 	for {
@@ -50,7 +51,7 @@ func (w *Worker) follow(ctx context.Context) error {
 			return err
 		}
 		failures++
-		if !sleep(ctx, w.c.retry.backoff(failures)) {
+		if !sleep(ctx, w.c.retry.followWait(failures)) {
 			return nil
 		}
 	}

@@ -94,6 +94,20 @@ func WithDialOptions(opts ...grpc.DialOption) Option {
 	return func(c *dialConfig) { c.extra = append(c.extra, opts...) }
 }
 
+// connectParams reconnect within about a second (1 s ±20%) of a
+// coordinator restart, so that a worker hears a command issued then (a
+// deadline firing) in time; gRPC's default waits up to two minutes. The
+// jitter spreads a whole job's workers out. Against a coordinator that is
+// down, each connection tries about once a second: even with a connection
+// per worker, 10,000 workers cost 10,000 refused TCP connects a second,
+// which is cheap for both hosts. MaxDelay is followMaxWait: with a longer
+// one, a command stream re-opened every second would still fail until the
+// connection's own wait ended.
+var connectParams = grpc.ConnectParams{
+	Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: followMaxWait},
+	MinConnectTimeout: 5 * time.Second,
+}
+
 // Dial connects to the coordinator at addr ("host:port"). The connection is
 // made lazily: Dial fails only on bad options, not on an unreachable server.
 func Dial(addr string, opts ...Option) (*Client, error) {
@@ -115,12 +129,7 @@ func Dial(addr string, opts ...Option) (*Client, error) {
 		grpc.WithTransportCredentials(creds),
 		grpc.WithChainUnaryInterceptor(auth.unary, cfg.retry.unaryInterceptor()),
 		grpc.WithChainStreamInterceptor(auth.stream),
-		// Reconnect quickly after a coordinator restart; the jitter spreads a
-		// whole job's workers out. gRPC's default waits up to two minutes.
-		grpc.WithConnectParams(grpc.ConnectParams{
-			Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 5 * time.Second},
-			MinConnectTimeout: 5 * time.Second,
-		}),
+		grpc.WithConnectParams(connectParams),
 		// Notice a dead coordinator under an idle command stream. 30 s is
 		// above the server's minimum ping interval (10 s).
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 30 * time.Second, Timeout: 10 * time.Second, PermitWithoutStream: true}),

@@ -32,4 +32,8 @@
 // lost reply stops working). TriggerDeadline is not retried: a retry
 // after a lost reply could report "already fired" for a call that worked.
 // Streams are resumed from their last sequence number instead of re-sent.
+// A worker re-opens its command stream (or polls again) with the policy's
+// backoff but at most 1 s apart, and the connection reconnects as often: a
+// worker hears a command within about a second of a restarted coordinator
+// coming back, however long it was down.
 package client

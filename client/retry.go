@@ -18,6 +18,9 @@ import (
 // down), with exponential backoff and jitter, until MaxAttempts or the
 // call's context ends.
 //
+// A worker following its commands re-opens its stream (or polls again) with
+// the same backoff, but at most 1 s apart, whatever Max says.
+//
 // Not retried: RESOURCE_EXHAUSTED (a limit such as max runs does not lift
 // by itself), DEADLINE_EXCEEDED (the caller's own deadline), and every other
 // code, which a repeat would only answer again.
@@ -38,6 +41,22 @@ var DefaultRetryPolicy = RetryPolicy{MaxAttempts: 10, Base: 100 * time.Milliseco
 // backoff is the wait before retry number attempt (from 1).
 func (p RetryPolicy) backoff(attempt uint) time.Duration {
 	return retry.BackoffExponentialWithJitterBounded(p.Base, p.Jitter, p.Max)(context.Background(), attempt)
+}
+
+// followMaxWait caps the wait between a worker's attempts to re-open its
+// command stream or poll again, whatever the policy's Max: a command issued
+// as the coordinator comes back (a deadline that fires then) must reach the
+// worker within about a second, not after a wait grown through the outage.
+// While the connection is down an attempt fails on the client at once, so
+// a short wait costs the coordinator nothing (see dial.go's connectParams).
+const followMaxWait = time.Second
+
+// followWait is the wait after failures failed attempts in a row (from 1)
+// to follow a worker's commands: the policy's backoff, capped at
+// followMaxWait. Below the cap the jitter spreads the workers that lost the
+// coordinator together; at it, their phases stay as spread.
+func (p RetryPolicy) followWait(failures uint) time.Duration {
+	return min(p.backoff(failures), followMaxWait)
 }
 
 // retried lists the unary methods the policy applies to, and why each is

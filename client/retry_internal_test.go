@@ -1,0 +1,28 @@
+package client
+
+import (
+	"testing"
+	"time"
+)
+
+// After a long outage a worker re-opens its command stream at most a second
+// after the coordinator is back, whatever the retry policy's Max, and the
+// connection under it reconnects as soon: a deadline that fires just after
+// a restart reaches the worker in time.
+func TestFollowWaitIsCappedAtASecond(t *testing.T) {
+	slow := RetryPolicy{MaxAttempts: 3, Base: 2 * time.Second, Max: time.Minute, Jitter: 0.2}
+	for _, p := range []RetryPolicy{DefaultRetryPolicy, slow} {
+		for failures := uint(1); failures <= 100; failures++ {
+			if w := p.followWait(failures); w <= 0 || w > time.Second {
+				t.Fatalf("policy %+v: wait %v after %d failures, want (0, 1s]", p, w, failures)
+			}
+		}
+	}
+	// The first retries stay as quick as the policy's.
+	if w := DefaultRetryPolicy.followWait(1); w > 120*time.Millisecond {
+		t.Errorf("wait %v after one failure, want the policy's 100ms ±20%%", w)
+	}
+	if d := connectParams.Backoff.MaxDelay; d > time.Second {
+		t.Errorf("the connection's reconnect backoff reaches %v, want at most 1s", d)
+	}
+}

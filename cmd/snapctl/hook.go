@@ -63,6 +63,9 @@ var (
 // run runs the hook. At killAt, or when ctx ends, its whole process group
 // is killed: the shell and whatever it started.
 func (h hook) run(ctx context.Context) hookResult {
+	if res, late := h.tooLate(time.Now()); late {
+		return res
+	}
 	hctx, cancel := ctx, context.CancelFunc(func() {})
 	if !h.killAt.IsZero() {
 		hctx, cancel = context.WithDeadlineCause(ctx, h.killAt, &killed{v1.SnapshotOutcome_SNAPSHOT_OUTCOME_TIMEOUT,
@@ -85,6 +88,24 @@ func (h hook) run(ctx context.Context) hookResult {
 	}
 	return res
 }
+
+// tooLate reports a hook whose killAt has passed when it would start: a
+// SaveAtDeadline that arrived after its must_finish_by (held up by an
+// outage, say). Started, it would be killed at once and reported as if it
+// had run out of time; saying it never ran tells the operator where the
+// time went.
+func (h hook) tooLate(now time.Time) (hookResult, bool) {
+	if h.killAt.IsZero() || now.Before(h.killAt) {
+		return hookResult{}, false
+	}
+	return hookResult{outcome: v1.SnapshotOutcome_SNAPSHOT_OUTCOME_TIMEOUT, message: fmt.Sprintf(
+		"hook not started: the command arrived after its must_finish_by %s (it would have started at %s)",
+		h.killAt.UTC().Format(timeMillis), now.UTC().Format(timeMillis))}, true
+}
+
+// timeMillis shows the times of a hook that was not started to the
+// millisecond: a command late by less than a second must not read as on time.
+const timeMillis = "2006-01-02T15:04:05.000Z07:00"
 
 // heldOutput is the message of a hook that exited 0 while a process it
 // started still held its output: the reported duration includes the wait.

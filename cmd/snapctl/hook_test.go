@@ -9,6 +9,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 )
@@ -32,5 +33,22 @@ func TestHookLeavingAProcessWithItsOutputSaves(t *testing.T) {
 	}
 	if !alive(pid) {
 		t.Errorf("the hook's background process %d was killed", pid)
+	}
+}
+
+// A SaveAtDeadline that arrives after its must_finish_by is not started:
+// killed at once, it would be reported as a hook that ran out of time.
+func TestHookPastItsDeadlineIsNotStarted(t *testing.T) {
+	ran := filepath.Join(t.TempDir(), "ran")
+	killAt := time.Now().Add(-time.Second)
+	res := hook{cmdline: "touch " + ran, killAt: killAt, stdout: io.Discard, stderr: io.Discard}.run(t.Context())
+
+	if _, err := os.Stat(ran); !os.IsNotExist(err) {
+		t.Errorf("the hook ran (stat: %v)", err)
+	}
+	wantMsg := "hook not started: the command arrived after its must_finish_by " + killAt.UTC().Format(timeMillis)
+	if res.outcome != v1.SnapshotOutcome_SNAPSHOT_OUTCOME_TIMEOUT || !strings.HasPrefix(res.message, wantMsg) ||
+		!strings.Contains(res.message, "it would have started at ") || res.took != 0 {
+		t.Errorf("got %v %q after %v, want TIMEOUT %q… with the start time, after 0s", res.outcome, res.message, res.took, wantMsg)
 	}
 }

@@ -81,6 +81,7 @@ type sidecar struct {
 	name  string
 	index int
 	w     *client.Worker
+	rep   *reporter // reports w's snapshots
 	log   *slog.Logger
 }
 
@@ -135,7 +136,7 @@ func (c *cli) startSidecarWorker(ctx context.Context, cl *client.Client, cfg sid
 		return nil, err
 	}
 	log.Info("registered", "run_id", cfg.runID, "worker_id", w.ID(), "incarnation", w.Incarnation())
-	return &sidecar{c: c, cfg: cfg, name: name, index: index, w: w, log: log}, nil
+	return &sidecar{c: c, cfg: cfg, name: name, index: index, w: w, rep: newReporter(w, log), log: log}, nil
 }
 
 // leave deregisters the worker, even while the sidecar is being stopped.
@@ -277,8 +278,9 @@ func orderOf(cmd *v1.Command, now time.Time, hookTimeout time.Duration) (snapsho
 }
 
 // snapshot runs the hook and reports its outcome and duration, unless a
-// Stop killed it. A report that fails (the run ended meanwhile) is logged:
-// the next command decides.
+// Stop killed it. The report is retried while the coordinator is
+// unreachable (see reporter); one refused (the run ended meanwhile) is
+// logged: the next command decides.
 func (s *sidecar) snapshot(ctx context.Context, o snapshotOrder) {
 	s.log.Info("snapshot", "snapshot_id", o.id, "reason", o.reason, "anchor_step", o.anchorStep, "forced", o.forced)
 	res := hook{cmdline: s.cfg.onSnapshot, env: append(s.hookEnv(), snapshotEnv(o)...), killAt: o.mustFinishBy,
@@ -288,12 +290,7 @@ func (s *sidecar) snapshot(ctx context.Context, o snapshotOrder) {
 	if errors.Is(context.Cause(ctx), errRunStopped) {
 		return // the run is terminal: the coordinator would refuse the report
 	}
-	// Reported even while shutting down: the coordinator should hear it.
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-	defer cancel()
-	if _, err := s.w.ReportSnapshot(rctx, o.id, res.outcome, res.took, res.message); err != nil {
-		s.log.Warn("report failed", "snapshot_id", o.id, "outcome", outcome, "err", describe(err))
-	}
+	s.rep.report(ctx, o.id, res)
 }
 
 // stop runs --on-stop; the sidecar then exits 0, or 10 if the hook failed.

@@ -37,8 +37,9 @@ const (
 // RunService is for operators and launchers. It needs the admin token
 // (`authorization: Bearer <token>`) when the server has one configured.
 type RunServiceClient interface {
-	// Creates a run and returns its run token (shown once). Creating a run
-	// that exists with the same spec returns it again, without the token;
+	// Creates a run and returns its run token. Creating a run that exists
+	// with the same spec returns it again: with a new token (the earlier one
+	// stops working) while no worker has registered, without one after that;
 	// with a different spec: ALREADY_EXISTS.
 	CreateRun(ctx context.Context, in *CreateRunRequest, opts ...grpc.CallOption) (*CreateRunResponse, error)
 	// Returns one run. NOT_FOUND if unknown.
@@ -178,8 +179,9 @@ func (c *runServiceClient) ListSnapshots(ctx context.Context, in *ListSnapshotsR
 // RunService is for operators and launchers. It needs the admin token
 // (`authorization: Bearer <token>`) when the server has one configured.
 type RunServiceServer interface {
-	// Creates a run and returns its run token (shown once). Creating a run
-	// that exists with the same spec returns it again, without the token;
+	// Creates a run and returns its run token. Creating a run that exists
+	// with the same spec returns it again: with a new token (the earlier one
+	// stops working) while no worker has registered, without one after that;
 	// with a different spec: ALREADY_EXISTS.
 	CreateRun(context.Context, *CreateRunRequest) (*CreateRunResponse, error)
 	// Returns one run. NOT_FOUND if unknown.

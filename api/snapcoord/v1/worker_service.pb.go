@@ -1018,7 +1018,8 @@ func (x *FinishRunRequest) GetIncarnation() int64 {
 // FinishRunResponse carries the run's final state.
 type FinishRunResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// COMPLETED, or the terminal state the run already had.
+	// COMPLETED (a run already COMPLETED answers it again; one ended
+	// otherwise, or in its deadline sequence, is FAILED_PRECONDITION).
 	RunState      RunState `protobuf:"varint,1,opt,name=run_state,json=runState,proto3,enum=snapcoord.v1.RunState" json:"run_state,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

@@ -75,7 +75,9 @@ func (r *reporter) report(ctx context.Context, id string, res hookResult) {
 				"attempts", attempt, "err", describe(err))
 			lastLog = time.Now()
 		}
-		if !sleep(ctx, r.retryInterval) {
+		select {
+		case <-time.After(r.retryInterval):
+		case <-ctx.Done():
 			// The run stopped, the snapshot was superseded or the sidecar
 			// is leaving: nobody waits for this report any more.
 			log.Warn("report abandoned", "attempts", attempt, "cause", context.Cause(ctx))
@@ -103,16 +105,4 @@ func (r *reporter) attempt(ctx context.Context, first bool, id string, res hookR
 	// the coordinator it would be an answer.
 	timedOut := errors.Is(actx.Err(), context.DeadlineExceeded) && ctx.Err() == nil
 	return status.Code(err) == codes.Unavailable || timedOut, err
-}
-
-// sleep waits d, or until ctx ends (false).
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
 }

@@ -20,6 +20,12 @@ func (e *Engine) createRun(ctx context.Context, req *v1.CreateRunRequest) (*v1.C
 	if err := e.usable(); err != nil {
 		return nil, err
 	}
+	// A repeat is judged against the run as created (createAgain): the
+	// checks below are relative to now and to today's limits, which a run
+	// created earlier need not meet again.
+	if r, _ := e.run(req.RunId); r != nil {
+		return e.createAgain(ctx, r, req.GetSpec())
+	}
 	now := e.clk.Now()
 	spec, err := normalizeSpec(req.GetSpec(), now)
 	if err != nil {
@@ -324,6 +330,7 @@ func (m *mut) terminate(s v1.RunState, reason string) {
 	}
 	m.setState(s, reason)
 	m.r.rec.Run.EndedAt = m.ts()
+	m.r.rec.ManualFirePending, m.r.rec.ManualFireReason = false, "" // a trigger waiting for a step that never comes
 	m.command(v1.WorkerRole_WORKER_ROLE_UNSPECIFIED, &v1.Command{Kind: &v1.Command_Stop{
 		Stop: &v1.StopCommand{Reason: stateName(s) + ": " + reason}}})
 	for k := range m.r.timers {

@@ -411,7 +411,6 @@ func onlyGoneWorkersMissing(s *v1.Snapshot, reported map[string]*v1.SnapshotRepo
 	return missing
 }
 
-// recordReserve feeds R: the window keeps the latest SAVED durations.
 // reserveSeconds is what a SAVED snapshot adds to R: its duration, from
 // issue to the last report; but for one issued before this process loaded
 // the run (the coordinator restarted meanwhile), reported, the longest
@@ -433,6 +432,7 @@ func longestReport(s *v1.Snapshot) float64 {
 	return longest
 }
 
+// recordReserve feeds R: the window keeps the latest SAVED durations.
 func (m *mut) recordReserve(sec float64) {
 	r := m.r
 	w := int(r.rec.Run.Spec.Reserve.Window)

@@ -316,3 +316,38 @@ func TestConcurrentCreateRunRepeatsLeaveOneToken(t *testing.T) {
 		}
 	}
 }
+
+// A repeat of a CreateRun is judged against the run as created: once B has
+// passed (with started_at left to the server, "now" has moved past B) or
+// the worker limit was lowered, the same spec still returns the run.
+func TestCreateRunRepeatAfterBStillReturnsTheRun(t *testing.T) {
+	h := newHarnessWith(t, Options{HeartbeatInterval: 5 * time.Second, MaxWorkersPerRun: 4})
+	spec := turnSpec(4, "")
+	spec.Checkpointing = &v1.CheckpointingSpec{MustSaveBy: timestamppb.New(t0.Add(time.Hour))}
+	first := h.create("r", spec)
+	h.clk.Advance(2 * time.Hour)
+	h.opts.MaxWorkersPerRun = 2
+	h.restart()
+	again, err := h.e.CreateRun(h.ctx, &v1.CreateRunRequest{RunId: "r", Spec: spec})
+	if err != nil || again.Run.RunId != "r" || !proto.Equal(again.Run.Spec, first.Spec) {
+		t.Fatalf("repeat after B and a lower limit: %v, %v", again, err)
+	}
+}
+
+// A hand trigger that was waiting for a step is not shown as pending once
+// the run has ended without one.
+func TestTriggerPendingClearedWhenTheRunEnds(t *testing.T) {
+	h := newHarness(t)
+	h.create("r", turnSpec(1, ""))
+	ranks := h.trainers("r", 1)
+	h.stepAll("r", ranks, 1, 10)
+	if _, err := h.e.TriggerDeadline(h.ctx, &v1.TriggerDeadlineRequest{RunId: "r", Reason: "drain"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.e.CancelRun(h.ctx, &v1.CancelRunRequest{RunId: "r"}); err != nil {
+		t.Fatal(err)
+	}
+	if p := h.get("r").Deadline.TriggerPending; p != "" {
+		t.Fatalf("a cancelled run shows trigger_pending %q", p)
+	}
+}

@@ -9,6 +9,7 @@ import (
 	middleware "github.com/grpc-ecosystem/go-grpc-middleware/v2"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/stats"
 	"google.golang.org/grpc/status"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
@@ -43,46 +44,75 @@ type drainer struct {
 	ctx    context.Context
 	start  func()
 	exempt map[string]bool
+	calls  inFlight
+}
 
-	// calls counts the calls in progress that shutdown waits for: every
-	// unary call and the engine's long calls, once they reached the
-	// interceptors. Shutdown cuts the rest once these are done: a
-	// reflection stream (blocked reading its next request, it cannot see a
-	// cancelled context) and a call whose request never arrived (no
-	// interceptor has run for it). GracefulStop would wait for them until
-	// the drain timeout, and then cut every call, short writes included.
+func newDrainer() *drainer {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	return &drainer{ctx: ctx, start: func() { cancel(errDrained) }, calls: inFlight{idle: make(chan struct{})}}
+}
+
+// inFlight counts the calls in progress that shutdown waits for: every
+// unary call and the engine's long calls, from the arrival of their
+// request to the end of the RPC, after its answer went out. It is a stats
+// handler, since an interceptor returns before the answer is written.
+// Shutdown cuts the rest once these are done: a reflection stream (blocked
+// reading its next request, it cannot see a cancelled context) and a call
+// whose request never arrived. GracefulStop would wait for them until the
+// drain timeout, and then cut every call, short writes included.
+type inFlight struct {
 	calls    atomic.Int64
 	draining atomic.Bool
 	idleOnce sync.Once
 	idle     chan struct{}
 }
 
-func newDrainer() *drainer {
-	ctx, cancel := context.WithCancelCause(context.Background())
-	return &drainer{ctx: ctx, start: func() { cancel(errDrained) }, idle: make(chan struct{})}
+type callKey struct{}
+
+// call is one RPC as inFlight sees it.
+type call struct {
+	method  string
+	counts  atomic.Bool // a call shutdown waits for
+	counted atomic.Bool // its request arrived: in calls
 }
 
-func (d *drainer) enter() { d.calls.Add(1) }
+func (f *inFlight) TagRPC(ctx context.Context, info *stats.RPCTagInfo) context.Context {
+	return context.WithValue(ctx, callKey{}, &call{method: info.FullMethodName})
+}
 
-func (d *drainer) leave() {
-	if d.calls.Add(-1) == 0 && d.draining.Load() {
-		d.idleOnce.Do(func() { close(d.idle) })
+func (f *inFlight) HandleRPC(ctx context.Context, st stats.RPCStats) {
+	c, ok := ctx.Value(callKey{}).(*call)
+	if !ok {
+		return
+	}
+	switch st := st.(type) {
+	case *stats.Begin:
+		c.counts.Store(!st.IsClientStream && !st.IsServerStream || engineLongCalls[c.method])
+	case *stats.InPayload:
+		if c.counts.Load() && c.counted.CompareAndSwap(false, true) {
+			f.calls.Add(1)
+		}
+	case *stats.End:
+		if c.counted.Load() && f.calls.Add(-1) == 0 && f.draining.Load() {
+			f.idleOnce.Do(func() { close(f.idle) })
+		}
 	}
 }
+
+func (f *inFlight) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context { return ctx }
+func (f *inFlight) HandleConn(context.Context, stats.ConnStats)                       {}
 
 // quiet returns a channel closed once no call that shutdown waits for is
 // in progress; from the first call on, the last call to end closes it.
-func (d *drainer) quiet() <-chan struct{} {
-	d.draining.Store(true)
-	if d.calls.Load() == 0 {
-		d.idleOnce.Do(func() { close(d.idle) })
+func (f *inFlight) quiet() <-chan struct{} {
+	f.draining.Store(true)
+	if f.calls.Load() == 0 {
+		f.idleOnce.Do(func() { close(f.idle) })
 	}
-	return d.idle
+	return f.idle
 }
 
 func (d *drainer) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	d.enter()
-	defer d.leave()
 	if !longPolls[info.FullMethod] || d.exempt[info.FullMethod] {
 		return handler(ctx, req)
 	}
@@ -96,10 +126,6 @@ func (d *drainer) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo
 }
 
 func (d *drainer) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-	if engineLongCalls[info.FullMethod] {
-		d.enter()
-		defer d.leave()
-	}
 	if d.exempt[info.FullMethod] {
 		return handler(srv, ss)
 	}

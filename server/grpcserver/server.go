@@ -97,6 +97,7 @@ func (s *Server) options(cfg Config, validator protovalidate.Validator) []grpc.S
 		recovery.StreamServerInterceptor(recoverOpt),
 	)
 	opts := []grpc.ServerOption{
+		grpc.StatsHandler(&s.drain.calls),
 		grpc.ChainUnaryInterceptor(unary...),
 		grpc.ChainStreamInterceptor(stream...),
 		grpc.MaxRecvMsgSize(cfg.MaxRecvMsgSize),
@@ -150,7 +151,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		select {
 		case <-s.stopped:
 			return nil
-		case <-s.drain.quiet():
+		case <-s.drain.calls.quiet():
 			// What is left is safe to cut: see drainer.calls.
 			s.grpc.Stop()
 			<-s.stopped

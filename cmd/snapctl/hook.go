@@ -57,6 +57,7 @@ func (k *killed) Error() string { return k.message }
 // stopped is only logged: the coordinator takes no report after a Stop.
 var (
 	errSuperseded = &killed{v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SKIPPED, "hook killed: superseded by the deadline snapshot"}
+	errOvertaken  = &killed{v1.SnapshotOutcome_SNAPSHOT_OUTCOME_TIMEOUT, "hook killed: the coordinator issued a newer snapshot (this one had timed out)"}
 	errRunStopped = &killed{v1.SnapshotOutcome_SNAPSHOT_OUTCOME_IO_ERROR, "hook killed: the run stopped"}
 )
 

@@ -30,6 +30,15 @@ const (
 	// reportAttemptTimeout bounds one attempt, the client's retries
 	// included: a call the coordinator never answers is made again.
 	reportAttemptTimeout = 30 * time.Second
+	// killedReportTimeout bounds the report of a hook the sidecar killed
+	// (superseded, overtaken, or the sidecar leaving), counted from the
+	// kill: the next hook, or the exit, waits for it (hookRun.kill), and a
+	// deadline hook held up for reportAttemptTimeout by an unreachable
+	// coordinator would miss B. That report is informational (the
+	// coordinator has completed the snapshot, or gets no more reports from
+	// a leaving worker), so it is worth a reachable coordinator's answer,
+	// not the client's retries through an outage.
+	killedReportTimeout = 2 * time.Second
 	// reportLogEvery: a long outage logs its failed attempts this rarely.
 	reportLogEvery = time.Minute
 )
@@ -43,18 +52,20 @@ type reporter struct {
 	log            *slog.Logger
 	retryInterval  time.Duration // between attempts
 	attemptTimeout time.Duration // of one attempt
+	killedTimeout  time.Duration // of the attempt in flight once the hook's context ended
 }
 
 func newReporter(to snapshotReporter, log *slog.Logger) *reporter {
-	return &reporter{to: to, log: log, retryInterval: reportRetryInterval, attemptTimeout: reportAttemptTimeout}
+	return &reporter{to: to, log: log, retryInterval: reportRetryInterval, attemptTimeout: reportAttemptTimeout,
+		killedTimeout: killedReportTimeout}
 }
 
 // report sends the outcome of snapshot id until the coordinator
 // acknowledges it, as long as it is unreachable (UNAVAILABLE, or an attempt
 // timed out) and ctx, the hook's, lasts: ctx ends when the run stops, the
-// snapshot is superseded or the sidecar leaves, and then nobody waits for
-// the report. Any other error is logged and ends it: a repeat would only
-// be refused again.
+// snapshot is superseded or overtaken or the sidecar leaves, and then
+// nobody waits for the report. Any other error is logged and ends it: a
+// repeat would only be refused again.
 func (r *reporter) report(ctx context.Context, id string, res hookResult) {
 	log := r.log.With("snapshot_id", id, "outcome", enumWord(res.outcome, "SNAPSHOT_OUTCOME_"))
 	var lastLog time.Time
@@ -78,8 +89,8 @@ func (r *reporter) report(ctx context.Context, id string, res hookResult) {
 		select {
 		case <-time.After(r.retryInterval):
 		case <-ctx.Done():
-			// The run stopped, the snapshot was superseded or the sidecar
-			// is leaving: nobody waits for this report any more.
+			// The run stopped, the snapshot was superseded or overtaken or
+			// the sidecar is leaving: nobody waits for this report any more.
 			log.Warn("report abandoned", "attempts", attempt, "cause", context.Cause(ctx))
 			return
 		}
@@ -87,9 +98,10 @@ func (r *reporter) report(ctx context.Context, id string, res hookResult) {
 }
 
 // attempt makes one report and says whether to try again. The first is made
-// even if ctx has ended, and is not cut short by its end: a hook killed as
-// superseded or by a leaving sidecar is reported, and so is one that saved
-// just before SIGTERM. Later attempts end with ctx.
+// even if ctx has ended, and is not cut short at once by its end: a hook
+// killed as superseded or by a leaving sidecar is reported, and so is one
+// that saved just before SIGTERM. But the sidecar waits for that report, so
+// it ends killedTimeout after ctx did. Later attempts end with ctx.
 func (r *reporter) attempt(ctx context.Context, first bool, id string, res hookResult) (again bool, err error) {
 	parent := ctx
 	if first {
@@ -97,6 +109,15 @@ func (r *reporter) attempt(ctx context.Context, first bool, id string, res hookR
 	}
 	actx, cancel := context.WithTimeout(parent, r.attemptTimeout)
 	defer cancel()
+	if first {
+		// Once ctx ends, the attempt has killedTimeout left; the timer
+		// stops with the attempt.
+		stop := context.AfterFunc(ctx, func() {
+			t := time.AfterFunc(r.killedTimeout, cancel)
+			context.AfterFunc(actx, func() { t.Stop() })
+		})
+		defer stop()
+	}
 	_, err = r.to.ReportSnapshot(actx, id, res.outcome, res.took, res.message)
 	if err == nil {
 		return false, nil

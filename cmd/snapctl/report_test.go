@@ -18,14 +18,16 @@ import (
 // fakeReporter stands in for *client.Worker. Each call runs answer with
 // the call's number (from 1); a nil answer, or none, acknowledges.
 type fakeReporter struct {
-	answer func(ctx context.Context, call int) error
-	calls  int
-	ended  []error // each call's ctx.Err() when made
+	answer  func(ctx context.Context, call int) error
+	calls   int
+	ended   []error  // each call's ctx.Err() when made
+	reports []string // each call's "snapshot-id OUTCOME: message"
 }
 
-func (f *fakeReporter) ReportSnapshot(ctx context.Context, _ string, _ v1.SnapshotOutcome, _ time.Duration, _ string) (v1.RunState, error) {
+func (f *fakeReporter) ReportSnapshot(ctx context.Context, id string, outcome v1.SnapshotOutcome, _ time.Duration, msg string) (v1.RunState, error) {
 	f.calls++
 	f.ended = append(f.ended, ctx.Err())
+	f.reports = append(f.reports, fmt.Sprintf("%s %s: %s", id, enumWord(outcome, "SNAPSHOT_OUTCOME_"), msg))
 	if f.answer != nil {
 		if err := f.answer(ctx, f.calls); err != nil {
 			return 0, err
@@ -150,5 +152,58 @@ func TestReportOfAKilledHookIsMadeOnce(t *testing.T) {
 
 	if f.calls != 1 || f.ended[0] != nil {
 		t.Errorf("%d attempts (the first's context: %v), want 1 under a live context", f.calls, f.ended[0])
+	}
+}
+
+// The report of a hook the sidecar killed, killed before the report or
+// while it is made, ends killedTimeout after the kill: the next hook waits
+// for it, and must not wait through an outage (the client's retries, up to
+// reportAttemptTimeout) and start too late.
+func TestReportOfAKilledHookIsBounded(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		during bool // killed while the first attempt is made
+	}{{"killed before", false}, {"killed during", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithCancelCause(t.Context())
+			defer cancel(nil)
+			if !tc.during {
+				cancel(errSuperseded)
+			}
+			f := &fakeReporter{answer: func(actx context.Context, _ int) error {
+				if tc.during {
+					cancel(errSuperseded)
+				}
+				<-actx.Done() // the coordinator does not answer
+				return status.Error(codes.Unavailable, "connection refused")
+			}}
+			r, logs := testReporter(f)
+			r.attemptTimeout, r.killedTimeout = time.Hour, time.Millisecond
+			within(t, "the report of the killed hook", func() { r.report(ctx, "snap-1", savedResult) })
+
+			if f.calls != 1 || f.ended[0] != nil {
+				t.Errorf("%d attempts (the first's context: %v), want 1 under a live context", f.calls, f.ended[0])
+			}
+			if !strings.Contains(logs.String(), `msg="report abandoned" snapshot_id=snap-1 outcome=SAVED attempts=1`) {
+				t.Errorf("the end of the report is not logged:\n%s", logs)
+			}
+		})
+	}
+}
+
+// within runs f, failing the test unless it returns within 10 s: for calls
+// that must not wait for a hook or a report (without the bound, they would
+// wait a minute or more).
+func within(t *testing.T, what string, f func()) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		f()
+	}()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s still waits after 10 s", what)
 	}
 }

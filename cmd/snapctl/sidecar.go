@@ -187,31 +187,38 @@ func (s *sidecar) leaveOnSignal(running *hookRun) error {
 	return nil
 }
 
-// next starts the hook of a snapshot command once the running one ended.
-// Issuing a SaveAtDeadline completed the coordinator's snapshot in flight
-// as superseded, so a hook still running for it is killed. The coordinator
-// issues no other snapshot while one is in flight: a hook still running at
-// a Snapshot belongs to one it completed without this worker (timed out),
-// and is left to end, as the sidecar always did.
+// next starts the hook of a snapshot command at once, killing the one still
+// running, if any: serve waits for no hook but when it leaves, so that a
+// SaveAtDeadline or a Stop is never read late. Issuing a SaveAtDeadline
+// completed the coordinator's snapshot in flight as superseded. The
+// coordinator issues no regular snapshot while another is in flight, so a
+// hook still running at a Snapshot belongs to one it completed without
+// this worker (timed out): it is killed as overtaken. A command for the
+// snapshot whose hook runs is a repeat delivery: that hook goes on.
 func (s *sidecar) next(ctx context.Context, running *hookRun, cmd *v1.Command) *hookRun {
+	o, ok := orderOf(cmd, time.Now(), s.cfg.hookTimeout)
 	switch {
+	case !ok:
+		return running // PublishCheckpoint is for trainers
+	case running.runs(o.id):
+		s.log.Info("snapshot delivered again: its hook already runs", "snapshot_id", o.id)
+		return running
 	case cmd.GetSaveAtDeadline() != nil:
 		running.kill(errSuperseded)
-	case cmd.GetSnapshot() != nil:
-		running.wait()
 	default:
-		return running // PublishCheckpoint is for trainers
+		running.kill(errOvertaken)
 	}
 	if ctx.Err() != nil {
-		return running // ended while waiting: serve leaves
+		return running // ended during the kill: serve leaves
 	}
-	// After the wait: --hook-timeout counts from the hook's start.
-	o, _ := orderOf(cmd, time.Now(), s.cfg.hookTimeout)
+	// After the kill: --hook-timeout counts from the hook's start.
+	o, _ = orderOf(cmd, time.Now(), s.cfg.hookTimeout)
 	return s.start(ctx, o)
 }
 
 // hookRun is a snapshot hook running in the background.
 type hookRun struct {
+	id     string // the snapshot's
 	cancel context.CancelCauseFunc
 	done   chan struct{} // closed once the hook ended and was reported
 }
@@ -220,7 +227,7 @@ type hookRun struct {
 // its own so that serve can kill it with a cause (see killed).
 func (s *sidecar) start(ctx context.Context, o snapshotOrder) *hookRun {
 	hctx, cancel := context.WithCancelCause(ctx)
-	r := &hookRun{cancel: cancel, done: make(chan struct{})}
+	r := &hookRun{id: o.id, cancel: cancel, done: make(chan struct{})}
 	go func() {
 		defer close(r.done)
 		defer cancel(nil)
@@ -236,7 +243,23 @@ func (r *hookRun) wait() {
 	}
 }
 
-// kill kills the hook, if it still runs, for cause, and waits for it.
+// runs says whether the hook of snapshot id has not yet ended and been
+// reported.
+func (r *hookRun) runs(id string) bool {
+	if r == nil || r.id != id {
+		return false
+	}
+	select {
+	case <-r.done:
+		return false
+	default:
+		return true
+	}
+}
+
+// kill kills the hook, if it still runs, for cause, and waits for it: for
+// its end, and for its report, which then takes at most killedReportTimeout
+// (see reporter.attempt).
 func (r *hookRun) kill(cause error) {
 	if r != nil {
 		r.cancel(cause)

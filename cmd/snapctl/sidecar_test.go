@@ -1,15 +1,21 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 )
@@ -382,5 +388,92 @@ func TestSidecarLeavingKillsTheHook(t *testing.T) {
 				t.Errorf("interval snapshot reports %v, want %q", reps, tc.message)
 			}
 		})
+	}
+}
+
+// testSidecar is a sidecar without a coordinator: commands are handed to
+// next, the hook is onSnapshot, and f takes the reports.
+func testSidecar(onSnapshot string, f *fakeReporter) *sidecar {
+	rep, _ := testReporter(f)
+	return &sidecar{c: &cli{env: env{stdout: io.Discard, stderr: io.Discard}},
+		cfg: sidecarConfig{onSnapshot: onSnapshot, hookTimeout: time.Hour}, rep: rep, log: rep.log}
+}
+
+func snapshotCmd(id string) *v1.Command {
+	return &v1.Command{Kind: &v1.Command_Snapshot{Snapshot: &v1.SnapshotCommand{
+		SnapshotId: id, Reason: v1.SnapshotReason_SNAPSHOT_REASON_INTERVAL}}}
+}
+
+func deadlineCmd(id string) *v1.Command {
+	return &v1.Command{Kind: &v1.Command_SaveAtDeadline{SaveAtDeadline: &v1.SaveAtDeadlineCommand{SnapshotId: id}}}
+}
+
+// slowFirstHook takes a minute for snap-1 and no time for any other.
+const slowFirstHook = `if [ "$SNAPCOORD_SNAPSHOT_ID" = snap-1 ]; then sleep 60; fi`
+
+// A Snapshot while another snapshot's hook runs: the coordinator issued it
+// only after completing that one without this worker (it timed out), so
+// the sidecar kills that hook, reports it TIMEOUT and starts the new one at
+// once. Waiting for the old hook instead (up to --hook-timeout), serve
+// would read no command meanwhile, and a SaveAtDeadline would wait too.
+func TestSidecarNewerSnapshotKillsTheRunningHook(t *testing.T) {
+	f := &fakeReporter{}
+	s := testSidecar(slowFirstHook, f)
+	first := s.next(t.Context(), nil, snapshotCmd("snap-1"))
+	var second *hookRun
+	within(t, "the newer snapshot", func() { second = s.next(t.Context(), first, snapshotCmd("snap-2")) })
+	second.wait()
+
+	want := []string{"snap-1 TIMEOUT: hook killed: the coordinator issued a newer snapshot (this one had timed out)", "snap-2 SAVED: "}
+	if !slices.Equal(f.reports, want) {
+		t.Errorf("reports %q, want %q", f.reports, want)
+	}
+}
+
+// A command for the snapshot whose hook runs is a repeat delivery: the
+// hook goes on, and no other starts.
+func TestSidecarRepeatedSnapshotLeavesItsHookRunning(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		repeat *v1.Command
+	}{{"snapshot", snapshotCmd("snap-1")}, {"deadline", deadlineCmd("snap-1")}} {
+		t.Run(tc.name, func(t *testing.T) {
+			repeat := tc.repeat
+			f := &fakeReporter{}
+			s := testSidecar(slowFirstHook, f)
+			first := s.next(t.Context(), nil, repeat)
+			var again *hookRun
+			within(t, "the repeat", func() { again = s.next(t.Context(), first, repeat) })
+
+			select {
+			case <-first.done:
+				t.Errorf("the hook ended at the repeat; reports %q", f.reports)
+			default:
+			}
+			if again != first {
+				t.Error("the repeat started another hook")
+			}
+			first.kill(errRunStopped) // unreported
+		})
+	}
+}
+
+// A SaveAtDeadline while the coordinator is unreachable (it restarts right
+// after issuing it): the deadline hook starts once the superseded hook is
+// killed and its report given up, not after the client's retries.
+func TestSidecarDeadlineHookDoesNotWaitForAnOutage(t *testing.T) {
+	f := &fakeReporter{answer: func(ctx context.Context, _ int) error {
+		<-ctx.Done() // the coordinator does not answer
+		return status.Error(codes.Unavailable, "connection refused")
+	}}
+	s := testSidecar("sleep 60", f)
+	s.rep.attemptTimeout, s.rep.killedTimeout = time.Hour, time.Millisecond
+	first := s.next(t.Context(), nil, snapshotCmd("snap-1"))
+	var deadline *hookRun
+	within(t, "the deadline hook's start", func() { deadline = s.next(t.Context(), first, deadlineCmd("snap-2")) })
+	deadline.kill(errRunStopped) // unreported: its report would wait for the coordinator
+
+	if len(f.reports) != 1 || !strings.HasPrefix(f.reports[0], "snap-1 SKIPPED: hook killed: superseded") {
+		t.Errorf("reports %q, want snap-1's SKIPPED, superseded", f.reports)
 	}
 }

@@ -96,7 +96,11 @@ func (m *mut) start() {
 func (e *Engine) createAgain(ctx context.Context, r *runState, spec *v1.RunSpec) (*v1.CreateRunResponse, error) {
 	resp := &v1.CreateRunResponse{}
 	err := e.mutateRun(ctx, r, func(m *mut) error {
-		if !sameSpec(r.rec.Run.Spec, spec) {
+		same, err := sameSpec(r.rec.Run.Spec, spec)
+		if err != nil {
+			return err
+		}
+		if !same {
 			return errorf(ErrAlreadyExists, "run %q already exists with a different spec", r.id)
 		}
 		if r.rec.LastWorkerNum == 0 && !r.terminal() {

@@ -151,12 +151,14 @@ func snapshotAfterCheckpoint(s *v1.RunSpec) bool {
 
 // sameSpec tells an idempotent CreateRun retry from a conflicting one. A
 // retry that leaves started_at to the server matches any stored started_at.
-func sameSpec(stored, requested *v1.RunSpec) bool {
+// A requested spec that is invalid in itself is its error, whether or not
+// the run exists.
+func sameSpec(stored, requested *v1.RunSpec) (bool, error) {
 	norm, err := normalizeSpec(requested, stored.StartedAt.AsTime())
 	if err != nil {
-		return false
+		return false, err
 	}
-	return proto.Equal(stored, norm)
+	return proto.Equal(stored, norm), nil
 }
 
 // observations gathers what the deadline policy needs.

@@ -334,6 +334,15 @@ func TestCreateRunRepeatAfterBStillReturnsTheRun(t *testing.T) {
 	}
 }
 
+// An invalid spec is INVALID_ARGUMENT naming the field even under the id
+// of a run that exists: the spec is wrong whatever the run.
+func TestCreateRunInvalidSpecForAnExistingRun(t *testing.T) {
+	h := newHarness(t)
+	h.create("r", turnSpec(1, "00:01:00:00"))
+	_, err := h.e.CreateRun(h.ctx, &v1.CreateRunRequest{RunId: "r", Spec: turnSpec(1, "3h")})
+	wantErr(t, err, ErrInvalidArgument, "spec.checkpointing.checkpoint_must_save_by")
+}
+
 // A hand trigger that was waiting for a step is not shown as pending once
 // the run has ended without one.
 func TestTriggerPendingClearedWhenTheRunEnds(t *testing.T) {

@@ -31,8 +31,10 @@ const (
 	// included: a call the coordinator never answers is made again.
 	reportAttemptTimeout = 30 * time.Second
 	// killedReportTimeout bounds the report of a hook the sidecar killed
-	// (superseded, overtaken, or the sidecar leaving), counted from the
-	// kill: the next hook, or the exit, waits for it (hookRun.kill), and a
+	// (superseded, overtaken, or the sidecar leaving), counted from when
+	// the killed hook ended (at once, or up to killGrace later if a process
+	// it started holds its output): the next hook, or the exit, waits for
+	// it (hookRun.kill), and a
 	// deadline hook held up for reportAttemptTimeout by an unreachable
 	// coordinator would miss B. That report is informational (the
 	// coordinator has completed the snapshot, or gets no more reports from

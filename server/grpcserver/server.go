@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"time"
 
 	"buf.build/go/protovalidate"
 	pvinterceptor "github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/protovalidate"
@@ -137,6 +138,10 @@ func (s *Server) Serve(lis net.Listener) error {
 	return nil
 }
 
+// flushGrace is how long Shutdown lets the last answers be written before
+// it cuts the streams that hold GracefulStop (see inFlight).
+const flushGrace = time.Second
+
 // Shutdown reports NOT_SERVING, ends long-lived RPCs (streams, long polls)
 // with UNAVAILABLE so their clients reconnect elsewhere or later, and waits
 // for the other RPCs to finish; then it cuts what is left, which cannot
@@ -152,7 +157,16 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		case <-s.stopped:
 			return nil
 		case <-s.drain.calls.quiet():
-			// What is left is safe to cut: see drainer.calls.
+			// What is left is safe to cut (see inFlight), once the last
+			// answers are on the wire: stats.End comes when an answer is
+			// queued, and Stop drops what is not written yet. GracefulStop
+			// ends here unless an uncounted stream is open.
+			select {
+			case <-s.stopped:
+				return nil
+			case <-time.After(flushGrace):
+			case <-ctx.Done():
+			}
 			s.grpc.Stop()
 			<-s.stopped
 			return nil

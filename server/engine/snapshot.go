@@ -145,6 +145,8 @@ func (m *mut) snapshotReport(ctx context.Context, w *workerState, req *v1.Report
 		return nil // a retry: the first report stands
 	}
 	if r.terminal() {
+		// terminate closes the snapshot in flight; a terminal run with one
+		// open comes from a data file written before it did.
 		return errTerminalReport(r)
 	}
 	rep := m.newSnapshotReport(w, req)

@@ -119,6 +119,12 @@ func serve(ctx context.Context, cfg serveConfig, adminTokens []string, lookupEnv
 	if err != nil {
 		return err
 	}
+	if err := tel.ObserveLive(telemetry.LiveView{
+		Runs: eng.LiveRuns, Serving: srv.Serving, Now: time.Now,
+		CommitFailed: func() bool { return eng.Healthy() != nil },
+	}); err != nil {
+		return err
+	}
 	lis, err := net.Listen("tcp", cfg.listen)
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)

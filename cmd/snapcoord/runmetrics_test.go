@@ -1,0 +1,106 @@
+package main
+
+import (
+	"math"
+	"strings"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"google.golang.org/protobuf/proto"
+
+	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+)
+
+// A live run has its own series, labelled run_id, read from the real
+// /metrics; they go when the run ends, and no series carries otel_scope_*.
+func TestPerRunMetricsFollowTheLiveRuns(t *testing.T) {
+	c := startCoordinator(t, map[string]string{adminTokenEnv: adminToken})
+	conn := dialWith(t, c.addr, nil)
+	runs, workers := v1.NewRunServiceClient(conn), v1.NewWorkerServiceClient(conn)
+	admin := bearer(t.Context(), adminToken)
+
+	spec := runSpec(1)
+	spec.Reserve = &v1.ReserveSpec{MarginSeconds: 30, ExpectedCheckpointSeconds: proto.Float64(120), ExpectedSnapshotSeconds: proto.Float64(60)}
+	created, err := runs.CreateRun(admin, &v1.CreateRunRequest{RunId: "live", Spec: spec})
+	if err != nil {
+		t.Fatalf("CreateRun: %v", err)
+	}
+	asRun := bearer(t.Context(), created.GetRunToken())
+	w, err := workers.RegisterWorker(asRun, &v1.RegisterWorkerRequest{RunId: "live", Role: v1.WorkerRole_WORKER_ROLE_TRAINER, Name: "rank-0"})
+	if err != nil {
+		t.Fatalf("RegisterWorker: %v", err)
+	}
+	resp, err := workers.CompleteStep(asRun, &v1.CompleteStepRequest{RunId: "live", WorkerId: w.GetWorkerId(), Step: 1, IterationSeconds: 7})
+	if err != nil {
+		t.Fatalf("CompleteStep: %v", err)
+	}
+	in := resp.GetDecision().GetInputs()
+	wantSpare := in.GetMustSaveBy().AsTime().Sub(resp.GetDecision().GetDecidedAt().AsTime()).Seconds() -
+		(in.GetIterationSeconds() + in.GetCheckpointSeconds() + in.GetSaveReserveSeconds() + in.GetMarginSeconds())
+
+	before := time.Now()
+	fams := scrapeMetrics(t, c.metricsAddr)
+	after := time.Now()
+	live := map[string]string{"run_id": "live"}
+	for name, want := range map[string]float64{
+		"snapcoord_run_iteration_seconds":          7,
+		"snapcoord_run_checkpoint_seconds":         120,
+		"snapcoord_run_save_reserve_seconds":       60,
+		"snapcoord_run_margin_seconds":             30,
+		"snapcoord_run_decision_spare_seconds":     wantSpare,
+		"snapcoord_run_snapshot_failures_in_a_row": 0,
+		"snapcoord_health_serving":                 1,
+		"snapcoord_store_commit_failed":            0,
+	} {
+		labels := live
+		if !strings.HasPrefix(name, "snapcoord_run_") {
+			labels = nil
+		}
+		if got := seriesValue(fams, name, labels); math.Abs(got-want) > 1e-6 || fams[name] == nil {
+			t.Errorf("%s%v = %v, want %v", name, labels, got, want)
+		}
+	}
+	if got := seriesValue(fams, "snapcoord_run_state", map[string]string{"run_id": "live", "state": "running"}); got != 1 {
+		t.Errorf("snapcoord_run_state{run_id=live,state=running} = %v, want 1", got)
+	}
+	// Until B and until fires_at count down from the scrape's time.
+	b, fires := in.GetMustSaveBy().AsTime(), resp.GetDecision().GetInputs().GetMustSaveBy().AsTime().Add(-time.Duration(
+		(in.GetIterationSeconds()+in.GetCheckpointSeconds()+in.GetSaveReserveSeconds()+in.GetMarginSeconds())*float64(time.Second)))
+	for name, at := range map[string]time.Time{"snapcoord_run_until_must_save_by_seconds": b, "snapcoord_run_until_fires_at_seconds": fires} {
+		got := seriesValue(fams, name, live)
+		if lo, hi := at.Sub(after).Seconds()-1e-3, at.Sub(before).Seconds()+1e-3; got < lo || got > hi {
+			t.Errorf("%s = %v, want between %v and %v", name, got, lo, hi)
+		}
+	}
+	for name, fam := range fams {
+		for _, m := range fam.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if strings.HasPrefix(lp.GetName(), "otel_scope_") {
+					t.Fatalf("%s carries label %s", name, lp.GetName())
+				}
+			}
+		}
+	}
+
+	if _, err := runs.CancelRun(admin, &v1.CancelRunRequest{RunId: "live"}); err != nil {
+		t.Fatalf("CancelRun: %v", err)
+	}
+	fams = scrapeMetrics(t, c.metricsAddr)
+	for name, fam := range fams {
+		if strings.HasPrefix(name, "snapcoord_run_") && hasRunID(fam, "live") {
+			t.Errorf("%s still has a series for the cancelled run", name)
+		}
+	}
+}
+
+func hasRunID(fam *dto.MetricFamily, id string) bool {
+	for _, m := range fam.GetMetric() {
+		for _, lp := range m.GetLabel() {
+			if lp.GetName() == "run_id" && lp.GetValue() == id {
+				return true
+			}
+		}
+	}
+	return false
+}

@@ -35,6 +35,9 @@ type serveConfig struct {
 	tlsKey         string
 	clientCA       string
 	reflection     string
+	// credentialsCheckInterval is how often the token and TLS files are
+	// checked for changes (0: only on SIGHUP).
+	credentialsCheckInterval time.Duration
 
 	// Operability.
 	metricsListen string
@@ -83,6 +86,7 @@ func newServeFlags(cfg *serveConfig) *flag.FlagSet {
 	fs.StringVar(&cfg.tlsCert, "tls-cert", "", "PEM certificate `file` for TLS (with --tls-key)")
 	fs.StringVar(&cfg.tlsKey, "tls-key", "", "PEM private key `file` for TLS (with --tls-cert)")
 	fs.StringVar(&cfg.clientCA, "client-ca", "", "PEM CA `file`: require client certificates signed by it (mutual TLS; needs --tls-cert)")
+	fs.DurationVar(&cfg.credentialsCheckInterval, "credentials-check-interval", 10*time.Second, "how often --admin-token-file, --tls-cert, --tls-key and --client-ca are checked for changes and reloaded (0: only on SIGHUP, which always reloads them)")
 	fs.StringVar(&cfg.reflection, "reflection", reflectionAuto, "server reflection: open, auth (admin token), off, or auto (open on a loopback --listen, auth otherwise)")
 
 	fs.StringVar(&cfg.metricsListen, "metrics-listen", "127.0.0.1:7071", "HTTP `address` serving Prometheus /metrics (and /debug/pprof/ with --pprof); empty disables it")
@@ -166,6 +170,8 @@ func (c serveConfig) validate() error {
 		return errors.New("--pprof needs --metrics-listen")
 	case c.finishedRetention < 0:
 		return errors.New("--finished-run-retention must not be negative")
+	case c.credentialsCheckInterval < 0:
+		return errors.New("--credentials-check-interval must not be negative")
 	case c.maxRecvMsgSize <= 0, c.maxRuns <= 0, c.maxWorkersPerRun <= 0, c.maxEventsPerRun <= 0:
 		return errors.New("--max-recv-msg-size, --max-runs, --max-workers-per-run and --max-events-per-run must be positive")
 	case c.maxConcurrentStreams == 0 || c.maxConcurrentStreams > math.MaxUint32:

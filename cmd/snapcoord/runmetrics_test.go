@@ -2,6 +2,7 @@ package main
 
 import (
 	"math"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -103,4 +104,40 @@ func hasRunID(fam *dto.MetricFamily, id string) bool {
 		}
 	}
 	return false
+}
+
+// The metrics listener serves the status page at / (it was a 404), by
+// RunService's rule, and /metrics as before.
+func TestMetricsListenerServesTheStatusPage(t *testing.T) {
+	c := startCoordinator(t, map[string]string{adminTokenEnv: adminToken})
+	get := func(path, token string) int {
+		t.Helper()
+		req, err := http.NewRequest(http.MethodGet, "http://"+c.metricsAddr+path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatalf("GET %s: %v", path, err)
+		}
+		_ = resp.Body.Close()
+		return resp.StatusCode
+	}
+	for _, tc := range []struct {
+		path, token string
+		want        int
+	}{
+		{"/", "", http.StatusUnauthorized},
+		{"/", adminToken, http.StatusOK},
+		{"/runs/none", adminToken, http.StatusNotFound},
+		{"/metrics", "", http.StatusOK},
+		{"/nothing-here", adminToken, http.StatusNotFound},
+	} {
+		if got := get(tc.path, tc.token); got != tc.want {
+			t.Errorf("GET %s (token %v): %d, want %d", tc.path, tc.token != "", got, tc.want)
+		}
+	}
 }

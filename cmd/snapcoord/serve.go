@@ -24,6 +24,7 @@ import (
 	"github.com/snapcoord/snapcoord/server/auth"
 	"github.com/snapcoord/snapcoord/server/engine"
 	"github.com/snapcoord/snapcoord/server/grpcserver"
+	"github.com/snapcoord/snapcoord/server/statuspage"
 	"github.com/snapcoord/snapcoord/server/telemetry"
 	"github.com/snapcoord/snapcoord/store"
 )
@@ -145,7 +146,8 @@ func serve(ctx context.Context, cfg serveConfig, adminTokens []string, lookupEnv
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
-	stopMetrics, err := serveMetrics(cfg, tel, log)
+	page := statuspage.New(statuspage.Options{Runs: eng, Admit: authn, Logger: log})
+	stopMetrics, err := serveMetrics(cfg, metricsMux(tel.Handler(cfg.pprof), page), log)
 	if err != nil {
 		_ = lis.Close()
 		return err
@@ -203,9 +205,19 @@ func newGRPCServer(cfg serveConfig, serveReflection bool, authn *auth.Authentica
 	}, eng, log)
 }
 
-// serveMetrics serves /metrics (and pprof) on --metrics-listen until the
-// returned function is called.
-func serveMetrics(cfg serveConfig, tel *telemetry.Telemetry, log *slog.Logger) (stop func(), err error) {
+// metricsMux puts the status page ("/" and "/runs/{id}") beside /metrics
+// and pprof on the metrics listener.
+func metricsMux(metrics, page http.Handler) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /{$}", page)
+	mux.Handle("GET /runs/", page)
+	mux.Handle("/", metrics)
+	return mux
+}
+
+// serveMetrics serves h (/metrics, pprof and the status page) on
+// --metrics-listen until the returned function is called.
+func serveMetrics(cfg serveConfig, h http.Handler, log *slog.Logger) (stop func(), err error) {
 	if cfg.metricsListen == "" {
 		return func() {}, nil
 	}
@@ -214,7 +226,7 @@ func serveMetrics(cfg serveConfig, tel *telemetry.Telemetry, log *slog.Logger) (
 		return nil, fmt.Errorf("metrics listen: %w", err)
 	}
 	hs := &http.Server{
-		Handler:           tel.Handler(cfg.pprof),
+		Handler:           h,
 		ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}

@@ -38,7 +38,7 @@ VULNDB_DIR     := .cache/vulndb/$(VULNDB_VERSION)
 BREAKING_BRANCH ?= main
 
 .PHONY: help build run test generate verify verify-generated verify-buf-lint \
-	verify-breaking verify-fmt verify-vet verify-tidy lint vuln e2e tools clean demo
+	verify-breaking verify-fmt verify-vet verify-tidy lint vuln e2e tools clean demo ui-check
 
 help: ## List the targets.
 	@grep -E '^[a-z0-9-]+:.*## ' $(firstword $(MAKEFILE_LIST)) | \
@@ -123,6 +123,12 @@ vuln: $(VULNDB_DIR)/index/db.json ## govulncheck against the pinned local vulner
 
 e2e: build ## Start bin/snapcoord and run the README's grpcurl examples against it.
 	SNAPCOORD_BIN=bin/snapcoord scripts/e2e-grpcurl.sh
+
+# ui-check: the status page in a real browser (Debian's chromium, installed
+# when missing). Screenshots and DOM dumps go to .cache/ui-check/.
+ui-check: build ## Load the status page of a live run in headless Chromium; save screenshots (about 20 s).
+	scripts/ensure-debs.sh chromium:chromium
+	./bin/snapuicheck --snapcoord bin/snapcoord --out .cache/ui-check
 
 demo: build ## Live demo (~40 s): 2 trainer ranks, 3 sidecars; fails unless the deadline save beats B.
 	./bin/snapdemo --snapcoord bin/snapcoord --snapctl bin/snapctl

@@ -38,6 +38,7 @@ svg .snapshot.saved { fill: #34d399; }
 svg .snapshot.in-flight { fill: #fde68a; }
 svg .snapshot.io-error, svg .snapshot.timeout, svg .snapshot.invariant-failure { fill: #f87171; }
 svg .snapshot.skipped { fill: #d1d5db; }
+svg .snapshot.reason-deadline { stroke: #c62828; stroke-width: 2; }
 svg .deadline { stroke: #c62828; stroke-width: 2; }
 svg .fires-at { stroke: #d97706; stroke-width: 1.5; stroke-dasharray: 5 3; }
 svg .fired { stroke: #7c3aed; stroke-width: 2; }

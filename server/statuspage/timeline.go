@@ -103,7 +103,9 @@ const (
 	ckptY     = 200 // checkpoint markers
 	snapY     = 235 // snapshot bars: snapY to snapY+22
 	axisY     = 285
-	svgHeight = 330
+	// labelWidth is room enough for a duration under a snapshot's bar.
+	labelWidth = 50
+	svgHeight  = 330
 )
 
 // timelineView is the drawing, laid out for the template.
@@ -292,9 +294,17 @@ func (tl *timeline) drawSnapshots(v *timelineView, s span, now time.Time) {
 		}
 		reason := strings.ToLower(strings.TrimPrefix(sn.GetReason().String(), "SNAPSHOT_REASON_"))
 		x := s.x(from)
-		v.Snapshots = append(v.Snapshots, bar{X: x, Y: snapY, W: math.Max(2, s.x(to)-x), H: 22, TextY: snapY + 36, Class: "snapshot " + outcome,
+		v.Snapshots = append(v.Snapshots, bar{X: x, Y: snapY, W: math.Max(2, s.x(to)-x), H: 22, TextY: snapY + 36,
+			Class: "snapshot " + outcome + " reason-" + reason,
 			Title: fmt.Sprintf("%s (%s, anchor step %d): %s, %s", sn.GetSnapshotId(), reason, sn.GetAnchorStep(), outcome, dur),
 			Text:  dur})
+	}
+	// A duration is written under its bar only where it does not run into
+	// the next one's; the bar's title has it anyway.
+	for i := range v.Snapshots {
+		if i+1 < len(v.Snapshots) && v.Snapshots[i+1].X-v.Snapshots[i].X < labelWidth {
+			v.Snapshots[i].Text = ""
+		}
 	}
 	for _, sn := range tl.snapshots[max(0, len(tl.snapshots)-tableRows):] {
 		row := snapshotRow{ID: sn.GetSnapshotId(), Anchor: sn.GetAnchorStep(), Issued: sn.GetIssuedAt().AsTime().UTC().Format(timeLayout),

@@ -17,25 +17,11 @@ import (
 // /metrics; they go when the run ends, and no series carries otel_scope_*.
 func TestPerRunMetricsFollowTheLiveRuns(t *testing.T) {
 	c := startCoordinator(t, map[string]string{adminTokenEnv: adminToken})
-	conn := dialWith(t, c.addr, nil)
-	runs, workers := v1.NewRunServiceClient(conn), v1.NewWorkerServiceClient(conn)
-	admin := bearer(t.Context(), adminToken)
-
 	spec := runSpec(1)
 	spec.Reserve = &v1.ReserveSpec{MarginSeconds: 30, ExpectedCheckpointSeconds: proto.Float64(120), ExpectedSnapshotSeconds: proto.Float64(60)}
-	created, err := runs.CreateRun(admin, &v1.CreateRunRequest{RunId: "live", Spec: spec})
-	if err != nil {
-		t.Fatalf("CreateRun: %v", err)
-	}
-	asRun := bearer(t.Context(), created.GetRunToken())
-	w, err := workers.RegisterWorker(asRun, &v1.RegisterWorkerRequest{RunId: "live", Role: v1.WorkerRole_WORKER_ROLE_TRAINER, Name: "rank-0"})
-	if err != nil {
-		t.Fatalf("RegisterWorker: %v", err)
-	}
-	resp, err := workers.CompleteStep(asRun, &v1.CompleteStepRequest{RunId: "live", WorkerId: w.GetWorkerId(), Step: 1, IterationSeconds: 7})
-	if err != nil {
-		t.Fatalf("CompleteStep: %v", err)
-	}
+	resp := stepLiveRun(t, c, "live", spec, 7)
+	runs := v1.NewRunServiceClient(dialWith(t, c.addr, nil))
+	admin := bearer(t.Context(), adminToken)
 	in := resp.GetDecision().GetInputs()
 	wantSpare := in.GetMustSaveBy().AsTime().Sub(resp.GetDecision().GetDecidedAt().AsTime()).Seconds() -
 		(in.GetIterationSeconds() + in.GetCheckpointSeconds() + in.GetSaveReserveSeconds() + in.GetMarginSeconds())
@@ -140,4 +126,26 @@ func TestMetricsListenerServesTheStatusPage(t *testing.T) {
 			t.Errorf("GET %s (token %v): %d, want %d", tc.path, tc.token != "", got, tc.want)
 		}
 	}
+}
+
+// stepLiveRun creates run id from spec, registers its rank 0 and completes
+// step 1 after an iteration of iter seconds: a live run with a decision.
+func stepLiveRun(t *testing.T, c *coordinator, id string, spec *v1.RunSpec, iter float64) *v1.CompleteStepResponse {
+	t.Helper()
+	conn := dialWith(t, c.addr, nil)
+	runs, workers := v1.NewRunServiceClient(conn), v1.NewWorkerServiceClient(conn)
+	created, err := runs.CreateRun(bearer(t.Context(), adminToken), &v1.CreateRunRequest{RunId: id, Spec: spec})
+	if err != nil {
+		t.Fatalf("CreateRun: %v", err)
+	}
+	asRun := bearer(t.Context(), created.GetRunToken())
+	w, err := workers.RegisterWorker(asRun, &v1.RegisterWorkerRequest{RunId: id, Role: v1.WorkerRole_WORKER_ROLE_TRAINER, Name: "rank-0"})
+	if err != nil {
+		t.Fatalf("RegisterWorker: %v", err)
+	}
+	resp, err := workers.CompleteStep(asRun, &v1.CompleteStepRequest{RunId: id, WorkerId: w.GetWorkerId(), Step: 1, IterationSeconds: iter})
+	if err != nil {
+		t.Fatalf("CompleteStep: %v", err)
+	}
+	return resp
 }

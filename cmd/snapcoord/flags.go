@@ -203,6 +203,14 @@ func (c serveConfig) checkExposure(adminTokens int) error {
 	return nil
 }
 
+// statusPageAllowed applies RunService's exposure rule to the status page:
+// with no admin token it is open, so it is served only on a loopback
+// --metrics-listen, unless --insecure says an open page is meant. (/metrics
+// itself stays open, as Prometheus scrapes it.)
+func (c serveConfig) statusPageAllowed(adminTokens int) bool {
+	return adminTokens > 0 || c.insecure || isLoopback(c.metricsListen)
+}
+
 // isLoopback reports whether a listen address only accepts local
 // connections. An empty host (all interfaces) or any name but localhost
 // counts as not loopback.
@@ -246,5 +254,9 @@ environment:
   OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_EXPORTER_OTLP_TRACES_ENDPOINT
 	export traces with OTLP/gRPC (off when neither is set); the other
 	standard OTEL_EXPORTER_OTLP_* and OTEL_RESOURCE_ATTRIBUTES variables apply
+
+signals:
+  SIGINT, SIGTERM  drain in-flight calls, then stop
+  SIGHUP           reload --admin-token-file, --tls-cert, --tls-key and --client-ca
 `, adminTokenEnv)
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"math"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -148,4 +149,37 @@ func stepLiveRun(t *testing.T, c *coordinator, id string, spec *v1.RunSpec, iter
 		t.Fatalf("CompleteStep: %v", err)
 	}
 	return resp
+}
+
+// With no admin token the page is open, as RunService is: served on a
+// loopback metrics listener, left out of one on every interface unless
+// --insecure says so; /metrics is served either way.
+func TestOpenStatusPageOnlyOnLoopback(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		args     []string
+		wantPage int
+	}{
+		{"loopback", nil, http.StatusOK},
+		{"all interfaces", []string{"--metrics-listen", "0.0.0.0:0"}, http.StatusNotFound},
+		{"all interfaces, insecure", []string{"--metrics-listen", "0.0.0.0:0", "--insecure"}, http.StatusOK},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := startCoordinator(t, nil, tc.args...)
+			_, port, err := net.SplitHostPort(c.metricsAddr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for path, want := range map[string]int{"/": tc.wantPage, "/metrics": http.StatusOK} {
+				resp, err := http.Get("http://127.0.0.1:" + port + path)
+				if err != nil {
+					t.Fatalf("GET %s: %v", path, err)
+				}
+				_ = resp.Body.Close()
+				if resp.StatusCode != want {
+					t.Errorf("GET %s: %d, want %d", path, resp.StatusCode, want)
+				}
+			}
+		})
+	}
 }

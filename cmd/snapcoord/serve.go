@@ -146,7 +146,12 @@ func serve(ctx context.Context, cfg serveConfig, adminTokens []string, lookupEnv
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
-	page := statuspage.New(statuspage.Options{Runs: eng, Admit: authn, Logger: log})
+	var page http.Handler
+	if cfg.statusPageAllowed(len(adminTokens)) {
+		page = statuspage.New(statuspage.Options{Runs: eng, Admit: authn, Logger: log})
+	} else {
+		log.Warn("status page off: no admin token is configured and --metrics-listen is not loopback; configure an admin token or pass --insecure")
+	}
 	stopMetrics, err := serveMetrics(cfg, metricsMux(tel.Handler(cfg.pprof), page), log)
 	if err != nil {
 		_ = lis.Close()
@@ -206,11 +211,13 @@ func newGRPCServer(cfg serveConfig, serveReflection bool, authn *auth.Authentica
 }
 
 // metricsMux puts the status page ("/" and "/runs/{id}") beside /metrics
-// and pprof on the metrics listener.
+// and pprof on the metrics listener; a nil page leaves them out.
 func metricsMux(metrics, page http.Handler) http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("GET /{$}", page)
-	mux.Handle("GET /runs/", page)
+	if page != nil {
+		mux.Handle("GET /{$}", page)
+		mux.Handle("GET /runs/", page)
+	}
 	mux.Handle("/", metrics)
 	return mux
 }

@@ -28,6 +28,14 @@ export GOFLAGS
 BUF         := $(GO) tool -modfile=tools/buf/go.mod buf
 STATICCHECK := $(GO) tool -modfile=tools/lint/go.mod staticcheck
 
+# The Python client runs on Debian's packages for Debian's Python (see
+# scripts/deps-python.sh); a pyenv or venv python3 on PATH lacks them.
+PYTHON ?= /usr/bin/python3
+# Generated Python code: everything protoc writes under client/python
+# (snapcoord/v1/*_pb2*.py and buf/validate/*_pb2*.py); the __init__.py files
+# next to it are written by hand.
+PY_GEN_DIRS := snapcoord/v1 buf/validate
+
 # The vulnerability database is the Go module golang.org/x/vulndb at a pinned
 # version (its data/osv/ holds the OSV entries); govulncheck's online database
 # is not reachable here. Update the version deliberately, like any dependency.
@@ -53,23 +61,36 @@ run: build ## Run the coordinator with its defaults (127.0.0.1:7070, data in ./d
 test: ## Run all tests with the race detector.
 	$(GO) test -race -count=1 -timeout 15m ./...
 
-generate: ## Regenerate api/ from proto/ (removes the old generated files first).
+generate: ## Regenerate api/ and the Python client's code from proto/ (removes the old generated files first).
 	if [ -d api ]; then find api -name '*.pb.go' -delete; find api -mindepth 1 -type d -empty -delete; fi
 	$(BUF) generate
+	scripts/deps-python.sh
+	for d in $(PY_GEN_DIRS); do if [ -d "client/python/$$d" ]; then find "client/python/$$d" -name '*_pb2*.py' -delete; fi; done
+	scripts/gen-python.sh client/python
 
 # verify runs every check (-k) and fails if any of them failed.
 verify: ## Check generated code, protos, formatting, vet and go.mod tidiness.
 	@$(MAKE) -k verify-generated verify-buf-lint verify-breaking verify-fmt verify-vet verify-tidy
 	@echo "verify: all checks passed"
 
-verify-generated: ## api/ matches a fresh buf generate (generated in a temporary directory).
+verify-generated: ## api/ and client/python's generated code match a fresh generate (in a temporary directory).
 	@tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
 	$(BUF) generate -o "$$tmp"; \
 	if ! diff -ru api "$$tmp/api"; then \
 		echo "verify-generated: api/ is out of date with proto/: run 'make generate' and commit the result" >&2; \
 		exit 1; \
 	fi; \
-	echo "verify-generated: api/ is up to date"
+	echo "verify-generated: api/ is up to date"; \
+	scripts/deps-python.sh; \
+	scripts/gen-python.sh "$$tmp/py"; \
+	stale=0; for d in $(PY_GEN_DIRS); do \
+		diff -ru --exclude=__init__.py --exclude=__pycache__ "client/python/$$d" "$$tmp/py/$$d" || stale=1; \
+	done; \
+	if [ "$$stale" -ne 0 ]; then \
+		echo "verify-generated: client/python's generated code is out of date with proto/: run 'make generate' and commit the result" >&2; \
+		exit 1; \
+	fi; \
+	echo "verify-generated: client/python is up to date"
 
 verify-buf-lint: ## buf lint and buf format.
 	$(BUF) lint

@@ -58,8 +58,11 @@ build: ## Build the binaries into bin/.
 run: build ## Run the coordinator with its defaults (127.0.0.1:7070, data in ./data).
 	./bin/snapcoord serve
 
-test: ## Run all tests with the race detector.
+test: build ## Run all tests: Go with the race detector, then the Python client's against bin/snapcoord.
+	scripts/deps-python.sh
 	$(GO) test -race -count=1 -timeout 15m ./...
+	SNAPCOORD_BIN='$(CURDIR)/bin/snapcoord' PYTHONDONTWRITEBYTECODE=1 \
+		$(PYTHON) -m pytest -p no:cacheprovider -q client/python/tests
 
 generate: ## Regenerate api/ and the Python client's code from proto/ (removes the old generated files first).
 	if [ -d api ]; then find api -name '*.pb.go' -delete; find api -mindepth 1 -type d -empty -delete; fi

@@ -50,8 +50,18 @@ def wait_until(what: str, cond: Callable[[], bool], timeout: float = 15.0) -> No
 class Coordinator:
     """One ``snapcoord serve`` process; restartable on the same data and port."""
 
-    def __init__(self, binary: str, data_dir: pathlib.Path, args: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        binary: str,
+        data_dir: pathlib.Path,
+        args: tuple[str, ...] = (),
+        credentials: Optional[grpc.ChannelCredentials] = None,
+        server_name: str = "",
+    ) -> None:
+        """``credentials`` (and the ``server_name`` in its certificate) is
+        how to reach a coordinator started with --tls-cert."""
         self.binary, self.data_dir, self.args = binary, data_dir, args
+        self.credentials, self.server_name = credentials, server_name
         self.addr = f"127.0.0.1:{free_port()}"
         self.log_path = data_dir / "coordinator.log"
         self.proc: Optional[subprocess.Popen[bytes]] = None
@@ -69,7 +79,12 @@ class Coordinator:
 
     def _await_serving(self, timeout: float = 30.0) -> None:
         fast = [("grpc.initial_reconnect_backoff_ms", 20), ("grpc.min_reconnect_backoff_ms", 20), ("grpc.max_reconnect_backoff_ms", 100)]
-        with grpc.insecure_channel(self.addr, options=fast) as ch:
+        if self.credentials is not None:
+            fast.append(("grpc.ssl_target_name_override", self.server_name))
+            channel = grpc.secure_channel(self.addr, self.credentials, options=fast)
+        else:
+            channel = grpc.insecure_channel(self.addr, options=fast)
+        with channel as ch:
             check = ch.unary_unary("/grpc.health.v1.Health/Check", request_serializer=lambda _: b"", response_deserializer=bytes)
             end = time.monotonic() + timeout
             while True:

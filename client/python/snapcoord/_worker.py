@@ -88,6 +88,7 @@ class _Worker:
         self._err: Optional[errors.SnapcoordError] = None
         self._stop_reason: Optional[str] = None
         self._closed = False
+        self._close_lock = threading.Lock()
         try:
             self._register(0, self._c.workers, self._c.timeout)
         except grpc.RpcError as err:
@@ -191,11 +192,16 @@ class _Worker:
     def close(self, timeout: Optional[float] = None) -> None:
         """Stops the background threads and deregisters, so that no snapshot
         waits for this worker; a superseded worker is not deregistered (the
-        name belongs to another process now). Later calls do nothing."""
-        with self._lock:
+        name belongs to another process now). A call made while another
+        runs waits for it (a signal handler's close and the with block's);
+        later calls do nothing."""
+        with self._close_lock:
             if self._closed:
                 return
             self._closed = True
+            self._close(timeout)
+
+    def _close(self, timeout: Optional[float]) -> None:
         self._halt()
         for t in self._threads:
             t.join(timeout)

@@ -16,6 +16,8 @@ programs:
 Failures raise ``SnapcoordError`` subclasses (``snapcoord.errors``).
 """
 
+import logging
+
 from snapcoord._retry import DEFAULT_RETRY, RETRIED_METHODS, RetryPolicy
 from snapcoord.client import TLS, Client, connect, read_token_file
 from snapcoord.env_worker import EnvWorker, SnapshotResult
@@ -62,3 +64,8 @@ __all__ = [
     "connect",
     "read_token_file",
 ]
+
+# A library logs only where the program asks it to (logging.basicConfig, or a
+# handler on the "snapcoord" logger): reconnects and re-registrations are
+# routine and must not print by themselves.
+logging.getLogger("snapcoord").addHandler(logging.NullHandler())

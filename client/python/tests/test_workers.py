@@ -3,6 +3,8 @@ superseded processes, lapsed leases, polling."""
 
 from __future__ import annotations
 
+import time
+
 import grpc
 import pytest
 from conftest import Coordinator, run_spec, wait_until
@@ -113,3 +115,44 @@ def test_polling_worker_gets_commands_and_reports(coordinator: Coordinator) -> N
         assert stop is not None and stop.kind == CommandKind.STOP
         assert worker.next_command(timeout=1) is None  # nothing after the Stop
         assert worker.stop_reason == stop.stop_reason
+
+
+def test_reregisters_after_its_lease_lapsed(coordinator: Coordinator) -> None:
+    admin = coordinator.admin()
+    _, token = admin.create_run("run-a", run_spec(1, budget="00:01:00:00"))
+    with coordinator.worker_client("run-a", token).env_worker("env-0") as worker:
+        first = worker.incarnation
+        # A coordinator gone for longer than the lease (2 s): the worker must
+        # presume its lease lost and register again, as its own process.
+        coordinator.kill()
+        time.sleep(2.5)  # the outage itself, not a synchronisation
+        coordinator.start()
+        wait_until("the worker to register again", lambda: worker.incarnation == first + 1)
+        (w,) = admin.run_workers("run-a")
+        assert w.state == worker_pb2.WORKER_STATE_LIVE and w.incarnation == first + 1 and w.replaced_incarnation == first
+        assert worker.error is None
+
+
+def test_trainer_publishes_a_deferred_checkpoint(coordinator: Coordinator) -> None:
+    admin = coordinator.admin()
+    spec = run_spec(2, budget="00:01:00:00", snapshots=False)
+    spec.checkpointing.deferred_finalize = True
+    _, token = admin.create_run("run-a", spec)
+    client = coordinator.worker_client("run-a", token)
+    published: list[tuple[int, int]] = []
+    ranks = [client.trainer(r, on_publish=lambda step, r=r: published.append((r, step))) for r in range(2)]
+    for r in ranks:
+        r.complete_step(1, 0.1)
+    admin.runs.TriggerDeadline(run_service_pb2.TriggerDeadlineRequest(run_id="run-a", reason="test"))
+    for r in ranks:
+        assert r.complete_step(2, 0.1).should_save
+        r.report_checkpoint(2, Phase.SAVED, 0.1)
+    # PublishCheckpoint goes to the ranks; one PUBLISHED report ends the save.
+    for r in ranks:
+        stop = r.next_command(timeout=10)
+        assert stop is not None and stop.kind == CommandKind.STOP, stop
+    assert published and all(step == 2 for _, step in published)
+    run = admin.get_run("run-a")
+    assert RunState(run.state) == RunState.STOPPED and run.last_published_step == 2
+    for r in ranks:
+        r.close()

@@ -41,6 +41,15 @@ _CODES_TO_RESUME = frozenset(
 _CODES_FATAL = frozenset({grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.INVALID_ARGUMENT})
 
 
+class _Prefixed(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """Names the run and the worker in every message (and in ``extra``)."""
+
+    def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
+        assert self.extra is not None
+        kwargs.setdefault("extra", {}).update(self.extra)
+        return f"{self.extra['run_id']}/{self.extra['worker']}: {msg}", kwargs
+
+
 class _NoStop(Exception):
     """A poll found the run terminal and no command after the last delivered
     one: its Stop lies before this worker's resume point, the run is over."""
@@ -78,7 +87,7 @@ class _Worker:
         self._run_id, self._role, self._name, self._rank = run_id, role, name, rank
         self._poll_wait = poll_wait_seconds(poll_wait)
         self._handler = handler
-        self.log = logging.LoggerAdapter(logger or logging.getLogger("snapcoord"), {"run_id": run_id, "worker": name})
+        self.log = _Prefixed(logger or logging.getLogger("snapcoord"), {"run_id": run_id, "worker": name})
         self._lock = threading.Lock()
         self._reg_lock = threading.Lock()  # held across a re-register (see _refused)
         self._stop = threading.Event()

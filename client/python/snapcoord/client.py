@@ -7,13 +7,17 @@ import os
 import re
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
 
 import grpc
 
 from snapcoord import errors
 from snapcoord._retry import DEFAULT_RETRY, FOLLOW_MAX_WAIT, RETRIED_METHODS, RetryPolicy
 from snapcoord.v1 import run_pb2, run_service_pb2, run_service_pb2_grpc, worker_pb2, worker_service_pb2_grpc
+
+if TYPE_CHECKING:  # imported where used: they import this module
+    from snapcoord.env_worker import EnvWorker
+    from snapcoord.trainer import Trainer
 
 DEFAULT_ADDR = "127.0.0.1:7070"
 _WORKER_PREFIX = "/snapcoord.v1.WorkerService/"

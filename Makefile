@@ -58,8 +58,11 @@ build: ## Build the binaries into bin/.
 run: build ## Run the coordinator with its defaults (127.0.0.1:7070, data in ./data).
 	./bin/snapcoord serve
 
-test: build ## Run all tests: Go with the race detector, then the Python client's against bin/snapcoord.
+# The Debian packages are checked first, so that a machine without them (and
+# no root to install them) stops at once, before any build.
+test: ## Run all tests: Go with the race detector, then the Python client's against bin/snapcoord.
 	scripts/deps-python.sh
+	$(MAKE) build
 	$(GO) test -race -count=1 -timeout 15m ./...
 	SNAPCOORD_BIN='$(CURDIR)/bin/snapcoord' PYTHONDONTWRITEBYTECODE=1 \
 		$(PYTHON) -m pytest -p no:cacheprovider -q client/python/tests

@@ -29,6 +29,7 @@ single controller process: create its run with ``trainer_world_size`` 1.
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import sys
 import time
@@ -103,7 +104,7 @@ class TimeoutChecker:
         self._own_client = client is None
         self._client = client if client is not None else connect(env=env)
         self.trainer = Trainer(self._client, _rank(rank, env), run_id=run_id)
-        atexit.register(self.close)
+        atexit.register(self._close_at_exit)
 
     @property
     def save_reserve_seconds(self) -> float:
@@ -167,12 +168,20 @@ class TimeoutChecker:
             save_seconds = time.monotonic() - self._checked_at if self._checked_at is not None else 0.0
         self.trainer.report_checkpoint(self.step, Phase.SAVED, save_seconds)
 
-    def close(self) -> None:
-        """Deregisters the rank (also done at exit)."""
-        atexit.unregister(self.close)
-        self.trainer.close()
+    def close(self, timeout: float = 10.0) -> None:
+        """Deregisters the rank (also done at exit), waiting at most
+        ``timeout`` seconds: an exiting trainer must not hang on a coordinator
+        that is down (its lease then simply lapses)."""
+        atexit.unregister(self._close_at_exit)
+        self.trainer.close(timeout)
         if self._own_client:
             self._client.close()
+
+    def _close_at_exit(self) -> None:
+        try:
+            self.close()
+        except SnapcoordError as err:
+            logging.getLogger("snapcoord").warning("deregistering rank %d at exit failed: %s", self.trainer.rank, err)
 
     def __enter__(self) -> "TimeoutChecker":
         return self

@@ -29,6 +29,11 @@ type ExpectedLoss struct {
 	// TauPenaltySeconds is added to a miss that loses more than τ. 0 means
 	// DefaultTauPenalty.
 	TauPenaltySeconds float64
+	// SafetySaves lets the policy answer "save and continue" (issue 15,
+	// part 3) at a step no regular save follows, when a save now, counted
+	// as lost time, and continuing from it is expected to cost less than
+	// going on with everything since the last durable save at stake.
+	SafetySaves bool
 }
 
 // Defaults of ExpectedLoss, chosen from the simulation (docs/simulation.md).
@@ -38,7 +43,8 @@ const (
 	DefaultTauPenalty  = 4 * time.Hour
 )
 
-func (p ExpectedLoss) params() ExpectedLoss {
+// Defaults returns p with every unset knob at its default.
+func (p ExpectedLoss) Defaults() ExpectedLoss {
 	def := func(v float64, d time.Duration) float64 {
 		if v > 0 {
 			return v
@@ -49,6 +55,7 @@ func (p ExpectedLoss) params() ExpectedLoss {
 		MissPenaltySeconds: def(p.MissPenaltySeconds, DefaultMissPenalty),
 		TauSeconds:         def(p.TauSeconds, DefaultTau),
 		TauPenaltySeconds:  def(p.TauPenaltySeconds, DefaultTauPenalty),
+		SafetySaves:        p.SafetySaves,
 	}
 }
 
@@ -63,7 +70,10 @@ func (p ExpectedLoss) missCost(lost float64) float64 {
 
 // Assessment is a decision of the expected-loss policy with its figures.
 type Assessment struct {
-	Fire        bool
+	Fire bool
+	// SafetySave: continue, but save first (only with SafetySaves, never
+	// with Fire).
+	SafetySave  bool
 	Explanation string
 	// WorstCase: when set, one more step and the save fit even at their
 	// longest (WorstCaseSeconds, the largest support points) and nothing
@@ -76,6 +86,9 @@ type Assessment struct {
 	// of saving after one more step.
 	LossNowSeconds, LossNextSeconds float64
 	MissNow, MissNext               float64
+	// LossSafetySeconds: the expected loss of a safety save and one more
+	// step, the save's duration included; computed only with SafetySaves.
+	LossSafetySeconds float64
 }
 
 // Verdict is the assessment as the engine records it.
@@ -101,7 +114,7 @@ func newModel(h *History) model {
 // regular checkpoint (and its snapshot) after this step anyway: continuing
 // then costs that save too, and firing makes it the deadline save.
 func (p ExpectedLoss) Assess(now, mustSaveBy time.Time, saveFollows bool, h *History) Assessment {
-	p = p.params()
+	p = p.Defaults()
 	m := newModel(h)
 	a := Assessment{SlackSeconds: mustSaveBy.Sub(now).Seconds() - h.MarginSeconds}
 	if !m.hasIter {
@@ -110,11 +123,13 @@ func (p ExpectedLoss) Assess(now, mustSaveBy time.Time, saveFollows bool, h *His
 		// an iteration, so this is a guard.
 		a.Fire = a.SlackSeconds < m.save.hi()
 		a.Explanation = fmt.Sprintf("no iteration measured; the save takes at most %s, %s left before B − M: %s",
-			minutes(m.save.hi()), minutes(a.SlackSeconds), action(a.Fire))
+			minutes(m.save.hi()), minutes(a.SlackSeconds), action(a.Fire, false))
 		return a
 	}
+	// A save that follows (regular, or a safety save the policy may choose)
+	// is one more save in the look-ahead.
 	a.WorstCaseSeconds = m.iter.hi() + m.save.hi()
-	if saveFollows {
+	if saveFollows || p.SafetySaves {
 		a.WorstCaseSeconds += m.save.hi()
 	}
 	if a.SlackSeconds >= a.WorstCaseSeconds {
@@ -131,8 +146,16 @@ func (p ExpectedLoss) Assess(now, mustSaveBy time.Time, saveFollows bool, h *His
 		a.LossNextSeconds, a.MissNext = p.afterStep(&m, a.SlackSeconds, lost, h.MarginSeconds)
 	}
 	a.Fire = a.LossNowSeconds <= a.LossNextSeconds
-	a.Explanation = fmt.Sprintf("saving now: expected loss %s (P(miss) %s); one more step: %s (P(miss) %s): %s",
-		minutes(a.LossNowSeconds), percent(a.MissNow), minutes(a.LossNextSeconds), percent(a.MissNext), action(a.Fire))
+	a.Explanation = fmt.Sprintf("saving now: expected loss %s (P(miss) %s); one more step: %s (P(miss) %s)",
+		minutes(a.LossNowSeconds), percent(a.MissNow), minutes(a.LossNextSeconds), percent(a.MissNext))
+	if p.SafetySaves && !saveFollows {
+		l, _ := p.afterSaveAndStep(&m, a.SlackSeconds, lost, h.MarginSeconds)
+		a.LossSafetySeconds = l + m.save.mean()
+		a.Explanation += fmt.Sprintf("; a safety save first: %s", minutes(a.LossSafetySeconds))
+		a.SafetySave = a.LossSafetySeconds < min(a.LossNowSeconds, a.LossNextSeconds)
+		a.Fire = !a.SafetySave && a.Fire
+	}
+	a.Explanation += ": " + action(a.Fire, a.SafetySave)
 	return a
 }
 
@@ -191,9 +214,12 @@ func (p ExpectedLoss) WorstCase(h *History) Estimates {
 	return est
 }
 
-func action(fire bool) string {
-	if fire {
+func action(fire, safety bool) string {
+	switch {
+	case fire:
 		return "save now and stop"
+	case safety:
+		return "save now and continue"
 	}
 	return "continue"
 }

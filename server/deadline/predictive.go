@@ -53,15 +53,16 @@ func (s *support) upTo(y float64) (prob, partialMean float64) {
 	return s.cumP[lo], s.cumPV[lo]
 }
 
-func (s *support) lo() float64 { return s.v[0] }
-func (s *support) hi() float64 { return s.v[s.n-1] }
+func (s *support) lo() float64   { return s.v[0] }
+func (s *support) mean() float64 { return s.cumPV[s.n] }
+func (s *support) hi() float64   { return s.v[s.n-1] }
 
 // Iteration model: the recent iterations, as they are, stand for the next
 // one; one more point at tailFactor × the longest covers a slower one than
 // any seen. A drift (iterations slowing down over the run) scales them all
 // by how much slower the latest few are than the window.
 const (
-	tailFactor   = 1.3
+	tailFactor   = 1.1
 	driftRecent  = 8
 	driftMinimum = 16 // fewer iterations than this: no drift estimate
 	driftFloor   = 0.8
@@ -118,7 +119,8 @@ func lowerMedian(vs []float64) float64 {
 // Save model (C and R alike): a lognormal body of saveBody-1 equally likely
 // points around the level (the lower median of the window), and a "stall"
 // point: saves that hang on a slow file system or a straggler rank. A
-// duration above stallRatio × the level is a stall; the stall probability
+// duration above stallRatio × the level is a stall, one below the level /
+// stallRatio is left out of the spread; the stall probability
 // starts at stallPrior and learns from the stalls in the window, weighted
 // as if the prior had been stallPriorWeight observations.
 const (
@@ -126,7 +128,7 @@ const (
 	minLogSpread     = 0.25
 	stallRatio       = 1.6
 	stallPrior       = 0.05
-	stallPriorWeight = 8
+	stallPriorWeight = 4
 	stallFactor      = 2.5
 )
 
@@ -162,16 +164,20 @@ func modelSave(r *Ring, prior float64) saveModel {
 	stalls, body, sq, worst := 0, 0, 0.0, stallFactor
 	for _, v := range vs[:n] {
 		ratio := v / m.level
-		if ratio > stallRatio {
+		switch {
+		case ratio > stallRatio:
 			stalls++
 			worst = math.Max(worst, ratio)
-			continue
+		case ratio >= 1/stallRatio:
+			body++
+			sq += math.Log(ratio) * math.Log(ratio)
 		}
-		body++
-		sq += math.Log(ratio) * math.Log(ratio)
+		// A save far faster than the level (a snapshot with little to
+		// save) says nothing about how long one can take: counted in
+		// the spread, it would widen the body upwards too.
 	}
 	m.spread = math.Max(minLogSpread, math.Sqrt(sq/float64(body)))
-	m.pStall = (stallPrior*stallPriorWeight + float64(stalls)) / (stallPriorWeight + float64(n))
+	m.pStall = max(stallPrior, (stallPrior*stallPriorWeight+float64(stalls))/(stallPriorWeight+float64(n)))
 	m.stall = worst * m.level
 	return m
 }

@@ -35,6 +35,7 @@ type config struct {
 	workloads string
 	doc       string
 	procs     int
+	frontier  bool
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
@@ -44,7 +45,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&cfg.runs, "runs", 3000, "runs per workload")
 	fs.Uint64Var(&cfg.seed, "seed", 15, "seed; the same seed prints the same tables")
 	fs.StringVar(&cfg.workloads, "workloads", "ABCDEFGH", "workloads to simulate, by letter")
-	fs.StringVar(&cfg.doc, "doc", "", "also write the tables into this markdown file, between the markers "+beginMark+" and "+endMark)
+	fs.StringVar(&cfg.doc, "doc", "", "also write the tables into this markdown file, between the markers <!-- snapsim:begin --> and <!-- snapsim:end --> (<!-- snapsim-frontier:... --> with --frontier)")
+	fs.BoolVar(&cfg.frontier, "frontier", false, "compare ExpectedLoss settings instead (the worst of the workloads for each)")
 	fs.IntVar(&cfg.procs, "procs", defaultProcs(), "goroutines simulating runs")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -55,14 +57,18 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	start := time.Now()
 	var buf bytes.Buffer
-	if err := tables(&buf, cfg); err != nil {
+	section := "snapsim"
+	if cfg.frontier {
+		section = "snapsim-frontier"
+		frontier(&buf, cfg, chosen())
+	} else if err := tables(&buf, cfg); err != nil {
 		fmt.Fprintln(stderr, "snapsim:", err)
 		return 2
 	}
 	_, _ = stdout.Write(buf.Bytes())
 	fmt.Fprintf(stderr, "snapsim: %d runs per workload in %.1f s\n", cfg.runs, time.Since(start).Seconds())
 	if cfg.doc != "" {
-		if err := spliceDoc(cfg.doc, buf.Bytes()); err != nil {
+		if err := spliceDoc(cfg.doc, section, buf.Bytes()); err != nil {
 			fmt.Fprintln(stderr, "snapsim:", err)
 			return 1
 		}
@@ -73,11 +79,19 @@ func run(args []string, stdout, stderr io.Writer) int {
 // marginSeconds is M for every policy, as in the figures.
 const marginSeconds = 60
 
+// chosen is the default ExpectedLoss setting, as the frontier names it.
+func chosen() lossPolicy {
+	p := deadline.ExpectedLoss{}.Defaults()
+	return lossPolicy{label: knobs(p, marginSeconds), margin: marginSeconds, p: p}
+}
+
 func policies() []policy {
+	safety := deadline.ExpectedLoss{SafetySaves: true}
 	return []policy{
 		maxPolicy{margin: marginSeconds},
 		maxPolicy{margin: marginSeconds, withSave: true},
 		lossPolicy{label: "ExpectedLoss", margin: marginSeconds, p: deadline.ExpectedLoss{}},
+		lossPolicy{label: "ExpectedLoss + safety saves", margin: marginSeconds, p: safety},
 	}
 }
 
@@ -97,13 +111,10 @@ func tables(out io.Writer, cfg config) error {
 	return nil
 }
 
-const (
-	beginMark = "<!-- snapsim:begin -->"
-	endMark   = "<!-- snapsim:end -->"
-)
-
-// spliceDoc replaces what lies between the markers in path with tables.
-func spliceDoc(path string, tables []byte) error {
+// spliceDoc replaces what lies between the section's markers in path with
+// tables.
+func spliceDoc(path, section string, tables []byte) error {
+	beginMark, endMark := "<!-- "+section+":begin -->", "<!-- "+section+":end -->"
 	doc, err := os.ReadFile(path)
 	if err != nil {
 		return err

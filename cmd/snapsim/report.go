@@ -37,7 +37,10 @@ func runAll(w *Workload, wIndex int, runs int, seed uint64, procs int, policies 
 				}
 				rng := rand.New(rand.NewPCG(seed, uint64(wIndex)<<32|uint64(i)))
 				steps := w.trajectory(rng)
-				row := append([]outcome{oracle(w, steps)}, simulate(w, steps, policies)...)
+				row := []outcome{oracle(w, steps)}
+				for _, p := range policies {
+					row = append(row, simulate(w, steps, p))
+				}
 				rows[i] = row
 			}
 		}()
@@ -54,24 +57,31 @@ func summarise(rows [][]outcome, policies []policy) []summary {
 		names = append(names, p.name())
 	}
 	out := make([]summary, len(names))
-	wastes := make([]float64, len(rows))
+	wastes, honest := make([]float64, len(rows)), make([]float64, len(rows))
 	for c, name := range names {
-		misses, sum := 0, 0.0
+		misses := 0
 		for i, row := range rows {
 			wastes[i] = row[c].Waste / 60
-			sum += wastes[i]
+			honest[i] = (row[c].Waste + row[c].Safety) / 60
 			if row[c].Miss {
 				misses++
 			}
 		}
-		slices.Sort(wastes)
-		s := summary{Policy: name,
-			MissPct: 100 * float64(misses) / float64(len(rows)),
-			Mean:    sum / float64(len(rows)), P99: quantile(wastes, 0.99), Max: wastes[len(wastes)-1]}
-		s.HMean, s.HP99, s.HMax = s.Mean, s.P99, s.Max
+		s := summary{Policy: name, MissPct: 100 * float64(misses) / float64(len(rows))}
+		s.Mean, s.P99, s.Max = stats(wastes)
+		s.HMean, s.HP99, s.HMax = stats(honest)
 		out[c] = s
 	}
 	return out
+}
+
+// stats sorts vs and returns its mean, 99th percentile and maximum.
+func stats(vs []float64) (mean, p99, most float64) {
+	slices.Sort(vs)
+	for _, v := range vs {
+		mean += v
+	}
+	return mean / float64(len(vs)), quantile(vs, 0.99), vs[len(vs)-1]
 }
 
 // quantile of sorted vs: the smallest value with at least q of them at or

@@ -38,7 +38,8 @@ func (k *knowledge) stepDone(s Step) {
 	k.hist.Iterations.Push(s.Iteration)
 }
 
-func (k *knowledge) saved(s Step) {
+// saved records a save after step s that became durable at end.
+func (k *knowledge) saved(s Step, end float64) {
 	k.checkpoints = max(k.checkpoints, s.Checkpoint)
 	k.snapshots = append(k.snapshots, s.Snapshot)
 	if len(k.snapshots) > maxWindow {
@@ -46,13 +47,22 @@ func (k *knowledge) saved(s Step) {
 	}
 	k.hist.Checkpoints.Push(s.Checkpoint)
 	k.hist.Snapshots.Push(s.Snapshot)
-	k.hist.LastDurableSave = at(s.Done + s.save())
+	k.hist.LastDurableSave = at(end)
 }
 
-// policy decides at a completed step whether to fire.
+// verdict is a policy's answer at a completed step.
+type verdict int
+
+const (
+	proceed    verdict = iota // continue
+	fire                      // save now and stop
+	safetySave                // save now and continue
+)
+
+// policy decides at step s, completed at now (seconds from the start).
 type policy interface {
 	name() string
-	fire(k *knowledge, s Step) bool
+	decide(k *knowledge, now float64, s Step) verdict
 }
 
 // maxPolicy is deadline.Max with margin M; withSave adds the regular save
@@ -69,7 +79,7 @@ func (p maxPolicy) name() string {
 	return "Max (main)"
 }
 
-func (p maxPolicy) fire(k *knowledge, s Step) bool {
+func (p maxPolicy) decide(k *knowledge, now float64, s Step) verdict {
 	o := deadline.Observations{
 		MaxIterationSeconds:       k.maxIteration,
 		CheckpointSeconds:         k.checkpoints,
@@ -80,11 +90,14 @@ func (p maxPolicy) fire(k *knowledge, s Step) bool {
 		MarginSeconds:             p.margin,
 	}
 	est := deadline.Max{}.Estimate(o)
-	now := at(s.Done)
+	t := at(now)
 	if p.withSave && s.RegularSave {
-		now = now.Add(deadline.Seconds(est.Checkpoint + est.Reserve))
+		t = t.Add(deadline.Seconds(est.Checkpoint + est.Reserve))
 	}
-	return deadline.Max{}.Decide(now, at(k.w.Walltime), est).Fire
+	if (deadline.Max{}).Decide(t, at(k.w.Walltime), est).Fire {
+		return fire
+	}
+	return proceed
 }
 
 // lossPolicy is deadline.ExpectedLoss with margin M.
@@ -96,60 +109,65 @@ type lossPolicy struct {
 
 func (p lossPolicy) name() string { return p.label }
 
-func (p lossPolicy) fire(k *knowledge, s Step) bool {
+func (p lossPolicy) decide(k *knowledge, now float64, s Step) verdict {
 	h := k.hist
 	h.MarginSeconds = p.margin
-	return p.p.Assess(at(s.Done), at(k.w.Walltime), s.RegularSave, &h).Fire
+	a := p.p.Assess(at(now), at(k.w.Walltime), s.RegularSave, &h)
+	switch {
+	case a.Fire:
+		return fire
+	case a.SafetySave:
+		return safetySave
+	}
+	return proceed
 }
 
 // outcome is how a run ended under a policy: Waste is the walltime left
 // unused after the final save, or on a miss everything since the last
-// durable save (seconds).
+// durable save (seconds); Safety is the time spent in safety saves, which
+// the honest count adds.
 type outcome struct {
-	Waste float64
-	Miss  bool
+	Waste, Safety float64
+	Miss          bool
 }
 
-// simulate runs every policy over the same run and returns their outcomes,
-// in order.
-func simulate(w *Workload, steps []Step, policies []policy) []outcome {
-	out := make([]outcome, len(policies))
-	done := make([]bool, len(policies))
-	left := len(policies)
+// simulate runs policy p over the run's steps. A safety save delays every
+// later step by its duration (the step's own save durations), so each
+// policy has its own clock over the same draws.
+func simulate(w *Workload, steps []Step, p policy) outcome {
 	k := newKnowledge(w)
-	lastDurable := 0.0
+	t, lastDurable, safety := 0.0, 0.0, 0.0
 	for _, s := range steps {
+		t += s.Iteration
+		if t >= w.Walltime {
+			break
+		}
 		k.stepDone(s)
-		for i, p := range policies {
-			if done[i] || !p.fire(k, s) {
-				continue
-			}
-			out[i] = finalSave(w, s, lastDurable)
-			done[i] = true
-			left--
+		v := p.decide(k, t, s)
+		if v == fire {
+			o := finalSave(w, t, s, lastDurable)
+			o.Safety = safety
+			return o
 		}
-		if left == 0 {
-			return out
+		if !s.RegularSave && v != safetySave {
+			continue
 		}
-		if s.RegularSave {
-			if s.Done+s.save() > w.Walltime {
-				break // killed during the regular save
-			}
-			lastDurable = s.Done + s.save()
-			k.saved(s)
+		if t+s.save() > w.Walltime {
+			break // killed during the save
 		}
+		if !s.RegularSave {
+			safety += s.save()
+		}
+		t += s.save()
+		lastDurable = t
+		k.saved(s, t)
 	}
-	for i := range out {
-		if !done[i] {
-			out[i] = outcome{Waste: w.Walltime - lastDurable, Miss: true}
-		}
-	}
-	return out
+	return outcome{Waste: w.Walltime - lastDurable, Safety: safety, Miss: true}
 }
 
 // finalSave is the outcome of the deadline save after step s.
-func finalSave(w *Workload, s Step, lastDurable float64) outcome {
-	if end := s.Done + s.save(); end <= w.Walltime {
+func finalSave(w *Workload, done float64, s Step, lastDurable float64) outcome {
+	if end := done + s.save(); end <= w.Walltime {
 		return outcome{Waste: w.Walltime - end}
 	}
 	return outcome{Waste: w.Walltime - lastDurable, Miss: true}
@@ -161,7 +179,7 @@ func oracle(w *Workload, steps []Step) outcome {
 	lastDurable := 0.0
 	best := outcome{Waste: w.Walltime, Miss: true}
 	for _, s := range steps {
-		if o := finalSave(w, s, lastDurable); o.Waste < best.Waste {
+		if o := finalSave(w, s.Done, s, lastDurable); o.Waste < best.Waste {
 			best = o
 		}
 		if s.RegularSave {

@@ -145,7 +145,9 @@ func (p ExpectedLoss) Assess(now, mustSaveBy time.Time, saveFollows bool, h *His
 	} else {
 		a.LossNextSeconds, a.MissNext = p.afterStep(&m, a.SlackSeconds, lost, h.MarginSeconds)
 	}
-	a.Fire = a.LossNowSeconds <= a.LossNextSeconds
+	// Ties fire, rounding included: when both surely miss, saving now is
+	// the only chance the model does not see (the save may beat B itself).
+	a.Fire = a.LossNowSeconds <= a.LossNextSeconds*(1+1e-12)
 	a.Explanation = fmt.Sprintf("saving now: expected loss %s (P(miss) %s); one more step: %s (P(miss) %s)",
 		minutes(a.LossNowSeconds), percent(a.MissNow), minutes(a.LossNextSeconds), percent(a.MissNext))
 	if p.SafetySaves && !saveFollows {

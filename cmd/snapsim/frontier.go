@@ -31,7 +31,7 @@ type candidate struct {
 func grid() []lossPolicy {
 	var out []lossPolicy
 	for _, safety := range []bool{false, true} {
-		for _, margin := range []float64{0, marginSeconds} {
+		for _, margin := range []float64{0, 30, marginSeconds} {
 			for _, pen := range []time.Duration{5 * time.Minute, 10 * time.Minute, 20 * time.Minute} {
 				for _, tauPen := range []time.Duration{30 * time.Minute, time.Hour, 4 * time.Hour} {
 					p := deadline.ExpectedLoss{MissPenaltySeconds: pen.Seconds(), TauPenaltySeconds: tauPen.Seconds(), SafetySaves: safety}

@@ -55,15 +55,18 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "snapsim: --runs must be at least 1")
 		return 2
 	}
+	if i := strings.IndexFunc(cfg.workloads, func(r rune) bool { return !strings.ContainsRune(letters, r) }); i >= 0 || cfg.workloads == "" {
+		fmt.Fprintf(stderr, "snapsim: --workloads %q: letters A to H\n", cfg.workloads)
+		return 2
+	}
 	start := time.Now()
 	var buf bytes.Buffer
 	section := "snapsim"
 	if cfg.frontier {
 		section = "snapsim-frontier"
 		frontier(&buf, cfg, chosen())
-	} else if err := tables(&buf, cfg); err != nil {
-		fmt.Fprintln(stderr, "snapsim:", err)
-		return 2
+	} else {
+		tables(&buf, cfg)
 	}
 	_, _ = stdout.Write(buf.Bytes())
 	fmt.Fprintf(stderr, "snapsim: %d runs per workload in %.1f s\n", cfg.runs, time.Since(start).Seconds())
@@ -95,20 +98,19 @@ func policies() []policy {
 	}
 }
 
+// letters name the workloads, in order.
+const letters = "ABCDEFGH"
+
 // tables simulates the chosen workloads and prints a table for each.
-func tables(out io.Writer, cfg config) error {
+func tables(out io.Writer, cfg config) {
 	all := workloads()
 	ps := policies()
 	fmt.Fprintf(out, "%d runs per workload, seed %d; waste in minutes.\n\n", cfg.runs, cfg.seed)
 	for _, letter := range cfg.workloads {
-		i := strings.IndexRune("ABCDEFGH", letter)
-		if i < 0 {
-			return fmt.Errorf("--workloads: no workload %q (A to H)", letter)
-		}
+		i := strings.IndexRune(letters, letter)
 		w := &all[i]
 		writeTable(out, w, summarise(runAll(w, i, cfg.runs, cfg.seed, cfg.procs, ps), ps))
 	}
-	return nil
 }
 
 // spliceDoc replaces what lies between the section's markers in path with

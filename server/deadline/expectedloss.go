@@ -38,7 +38,7 @@ type ExpectedLoss struct {
 
 // Defaults of ExpectedLoss, chosen from the simulation (docs/simulation.md).
 const (
-	DefaultMissPenalty = 10 * time.Minute
+	DefaultMissPenalty = 20 * time.Minute
 	DefaultTau         = 25 * time.Minute
 	DefaultTauPenalty  = 4 * time.Hour
 )

@@ -203,8 +203,9 @@ func (p ExpectedLoss) afterSaveAndStep(m *model, x, lost, margin float64) (loss,
 
 // WorstCase is the look-ahead at its longest: the largest support point of
 // each of I, C and R, and M. Until B − (I + C + R + M) (Max's FiresAt of
-// these estimates) the policy continues without computing anything, so
-// that is the earliest it can fire; the engine shows these in Run.deadline.
+// these estimates) continuing is strictly better than saving, so that is
+// the earliest the policy can fire at a step no regular save follows (one
+// that does adds its C + R); the engine shows these in Run.deadline.
 func (p ExpectedLoss) WorstCase(h *History) Estimates {
 	c := modelSave(&h.Checkpoints, h.PriorCheckpointSeconds).dist()
 	r := modelSave(&h.Snapshots, h.PriorSnapshotSeconds).dist()

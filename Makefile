@@ -175,6 +175,16 @@ FUZZTIME ?= 30s
 FUZZ_TARGETS := ./server/deadline:FuzzParseBudget ./server/grpcserver:FuzzCreateRun \
 	./server/grpcserver:FuzzWorkerService ./server/grpcserver:FuzzRunService
 
+# The deadline policies' simulation (docs/simulation.md): seeded, so a rerun
+# prints the same tables. SIM_FLAGS e.g. '--runs 300 --workloads AC'.
+SIM_FLAGS ?=
+.PHONY: sim sim-frontier
+sim: ## Simulate workloads A-H under each deadline policy and write the tables into docs/simulation.md.
+	$(GO) run ./cmd/snapsim --doc docs/simulation.md $(SIM_FLAGS)
+
+sim-frontier: ## Compare ExpectedLoss settings over workloads A-H (a few minutes) and write the frontier into docs/simulation.md.
+	$(GO) run ./cmd/snapsim --frontier --runs 1000 --doc docs/simulation.md $(SIM_FLAGS)
+
 bench: build ## Load benchmark: each figure with its floor and ratio (under 3 min on 2 cores).
 	./bin/snapbench --snapcoord bin/snapcoord $(BENCH_FLAGS)
 

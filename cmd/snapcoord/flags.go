@@ -10,6 +10,8 @@ import (
 	"net"
 	"strings"
 	"time"
+
+	"github.com/snapcoord/snapcoord/cmd/internal/flagtext"
 )
 
 // envPrefix names the environment variable behind every flag: --lease-ttl
@@ -136,7 +138,7 @@ func parseServe(args []string, lookupEnv func(string) (string, bool)) (serveConf
 		return cfg, fs, err
 	}
 	if err := fs.Parse(args); err != nil {
-		return cfg, fs, err
+		return cfg, fs, flagtext.Error(err)
 	}
 	if fs.NArg() > 0 {
 		return cfg, fs, fmt.Errorf("unexpected argument %q", fs.Arg(0))
@@ -230,9 +232,7 @@ func (c serveConfig) reflectionAccess() (serve, open bool) {
 
 func printServeUsage(w io.Writer, fs *flag.FlagSet) {
 	fmt.Fprintf(w, "usage: snapcoord serve [flags]\n\nRuns the coordinator until SIGINT or SIGTERM.\n\nflags:\n")
-	fs.SetOutput(w)
-	fs.PrintDefaults()
-	fs.SetOutput(io.Discard)
+	flagtext.PrintDefaults(w, fs, nil)
 	fmt.Fprintf(w, `
 environment:
   %s

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -24,8 +25,29 @@ func TestServeHelpListsFlagsWithEnv(t *testing.T) {
 		t.Fatalf("serve --help: exit %d, stderr %q", code, stderr.String())
 	}
 	for _, flag := range []string{"listen", "data-dir", "heartbeat-interval", "lease-ttl", "drain-timeout", "lock-timeout", "log-format", "log-level"} {
-		if !strings.Contains(stdout.String(), "-"+flag) || !strings.Contains(stdout.String(), envName(flag)) {
-			t.Errorf("help lacks -%s or %s:\n%s", flag, envName(flag), stdout.String())
+		if !strings.Contains(stdout.String(), "--"+flag) || !strings.Contains(stdout.String(), envName(flag)) {
+			t.Errorf("help lacks --%s or %s:\n%s", flag, envName(flag), stdout.String())
+		}
+	}
+	if m := oneDashFlag.FindString(stdout.String()); m != "" {
+		t.Errorf("help shows a flag with one dash (%q), where the README writes two:\n%s", m, stdout.String())
+	}
+}
+
+// oneDashFlag finds "-lease-ttl" (as Go's flag package prints it) but not
+// "--lease-ttl" or "non-loopback".
+var oneDashFlag = regexp.MustCompile(`(^|[\s(\[,'])-[a-z][a-z-]+`)
+
+// Errors name flags as the help does.
+func TestServeFlagErrorsUseTwoDashes(t *testing.T) {
+	for _, args := range [][]string{{"--lease-ttl", "soon"}, {"-lease-ttl=soon"}, {"--nope"}, {"--listen"}} {
+		var stdout, stderr bytes.Buffer
+		if code := runServe(t.Context(), args, noEnv, &stdout, &stderr); code != exitUsage {
+			t.Errorf("serve %q: exit %d, want %d", args, code, exitUsage)
+		}
+		first, _, _ := strings.Cut(stderr.String(), "\n")
+		if !strings.Contains(first, " --") || oneDashFlag.MatchString(first) {
+			t.Errorf("serve %q: error %q, want the flag named with two dashes", args, first)
 		}
 	}
 }

@@ -150,6 +150,37 @@ func TestHelpListsExitStatuses(t *testing.T) {
 	}
 }
 
+// oneDashFlag finds "-budget" (as Go's flag package prints flags) but not
+// "--budget", "-o" or "slurm-10m".
+var oneDashFlag = regexp.MustCompile(`(^|[\s(\[,'"])-[a-z][a-z-]+`)
+
+// Help and errors write every flag with two dashes, as the README does.
+func TestHelpAndErrorsUseTwoDashes(t *testing.T) {
+	s := startServer(t)
+	helps := [][]string{{"help"}, {"--help"}}
+	for _, c := range commands {
+		helps = append(helps, append(strings.Fields(c.name), "--help"))
+	}
+	for _, args := range helps {
+		out := s.ok(args...)
+		if m := oneDashFlag.FindString(out); m != "" {
+			t.Errorf("snapctl %s shows a flag with one dash (%q):\n%s", strings.Join(args, " "), m, out)
+		}
+	}
+	for _, args := range [][]string{{"run", "get", "r1", "--bogus"}, {"-timeout=soon", "run", "list"}, {"run", "create", "r1", "--world-size", "x"}} {
+		r := s.wantExit(exitUsage, args...)
+		if first, _, _ := strings.Cut(r.stderr, "\n"); !strings.Contains(first, " --") || oneDashFlag.MatchString(first) {
+			t.Errorf("snapctl %s: error %q, want the flag named with two dashes", strings.Join(args, " "), first)
+		}
+	}
+	var run v1.Run
+	s.createRun("r1", "--world-size", "1")
+	s.getJSON(&run, "run", "get", "r1") // -o json
+	if out := s.ok("run", "get", "r1", "--output", "json"); !strings.Contains(out, `"run_id": "r1"`) {
+		t.Errorf("run get --output json:\n%s", out)
+	}
+}
+
 // A token file, with the trailing newline editors add.
 func TestTokenFile(t *testing.T) {
 	s := startServer(t)

@@ -32,7 +32,7 @@ type connConfig struct {
 // they may come before the command or after it.
 var connFlags = map[string]bool{
 	"addr": true, "token": true, "token-file": true, "plaintext": true, "ca-file": true,
-	"cert-file": true, "key-file": true, "server-name": true, "timeout": true, "o": true,
+	"cert-file": true, "key-file": true, "server-name": true, "timeout": true, "o": true, "output": true,
 }
 
 // envNames maps flags to the environment variables that set their
@@ -62,6 +62,7 @@ func (c *cli) newFlagSet(name string) *flag.FlagSet {
 	fs.StringVar(&c.conn.serverName, "server-name", c.conn.serverName, "server `name` to verify")
 	fs.DurationVar(&c.conn.timeout, "timeout", c.conn.timeout, "bound on each call")
 	fs.StringVar(&c.output, "o", c.output, "output `format`")
+	fs.StringVar(&c.output, "output", c.output, "output `format` (same as -o)")
 	return fs
 }
 

@@ -9,6 +9,8 @@ import (
 	"runtime/debug"
 	"strings"
 	"time"
+
+	"github.com/snapcoord/snapcoord/cmd/internal/flagtext"
 )
 
 // env is the process around a command: tests run commands with their own.
@@ -67,7 +69,8 @@ connection flags (and their environment variables):
                        (SNAPCOORD_SERVER_NAME)
   --timeout DURATION   bound on each call, except following (SNAPCOORD_TIMEOUT,
                        default 30s)
-  -o table|json        output: human tables in local time (default), or
+  -o, --output table|json
+                       output: human tables in local time (default), or
                        protojson (events: one JSON object per line)
 
 Exit status:
@@ -110,7 +113,7 @@ func run(ctx context.Context, args []string, e env) int {
 			printUsage(e.stdout)
 			return exitOK
 		}
-		return c.fail(usageErr(err))
+		return c.fail(usageErr(flagtext.Error(err)))
 	}
 	c.setFlags = map[string]bool{}
 	global.Visit(func(f *flag.Flag) { c.setFlags[f.Name] = true })
@@ -157,7 +160,7 @@ func (c *cli) execute(ctx context.Context, cmd command, args []string) error {
 		return nil
 	}
 	if err != nil {
-		return usageErr(err)
+		return usageErr(flagtext.Error(err))
 	}
 	fs.Visit(func(f *flag.Flag) { c.setFlags[f.Name] = true })
 	if err := c.checkOutput(); err != nil {
@@ -168,17 +171,7 @@ func (c *cli) execute(ctx context.Context, cmd command, args []string) error {
 
 func (c *cli) printCommandUsage(w io.Writer, cmd command, fs *flag.FlagSet) {
 	fmt.Fprintf(w, "usage: snapctl %s [flags] %s\n\n%s\n\nflags (connection flags: see 'snapctl help'):\n", cmd.name, cmd.args, cmd.summary)
-	fs.VisitAll(func(f *flag.Flag) {
-		if connFlags[f.Name] {
-			return
-		}
-		name, usage := flag.UnquoteUsage(f)
-		fmt.Fprintf(w, "  --%s %s\n    \t%s", f.Name, name, usage)
-		if f.DefValue != "" && f.DefValue != "false" && f.DefValue != "0" {
-			fmt.Fprintf(w, " (default %s)", f.DefValue)
-		}
-		fmt.Fprintln(w)
-	})
+	flagtext.PrintDefaults(w, fs, func(f *flag.Flag) bool { return !connFlags[f.Name] })
 }
 
 // version is set at release builds with -ldflags "-X main.version=v1.2.3".

@@ -146,7 +146,8 @@ CRASH_CYCLES ?= 20
 FUZZTIME ?= 30s
 # Every fuzz target, as package:Name; make fuzz runs each for FUZZTIME.
 FUZZ_TARGETS := ./server/deadline:FuzzParseBudget ./server/grpcserver:FuzzCreateRun \
-	./server/grpcserver:FuzzWorkerService ./server/grpcserver:FuzzRunService
+	./server/grpcserver:FuzzWorkerService ./server/grpcserver:FuzzRunService \
+	./cmd/internal/durations:FuzzParse
 
 bench: build ## Load benchmark: each figure with its floor and ratio (under 3 min on 2 cores).
 	./bin/snapbench --snapcoord bin/snapcoord $(BENCH_FLAGS)

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/snapcoord/snapcoord/cmd/internal/durations"
 	"github.com/snapcoord/snapcoord/cmd/internal/flagtext"
 )
 
@@ -73,10 +74,10 @@ func newServeFlags(cfg *serveConfig) *flag.FlagSet {
 	fs := flag.NewFlagSet("snapcoord serve", flag.ContinueOnError)
 	fs.StringVar(&cfg.listen, "listen", "127.0.0.1:7070", "gRPC `address` to listen on")
 	fs.StringVar(&cfg.dataDir, "data-dir", "./data", "`directory` holding the store file snapcoord.db (created 0700 if missing)")
-	fs.DurationVar(&cfg.heartbeatInterval, "heartbeat-interval", 5*time.Second, "how often workers are told to heartbeat")
-	fs.DurationVar(&cfg.leaseTTL, "lease-ttl", 15*time.Second, "a worker silent this long is LOST")
-	fs.DurationVar(&cfg.drainTimeout, "drain-timeout", 10*time.Second, "on SIGINT/SIGTERM, how long in-flight RPCs may take to finish")
-	fs.DurationVar(&cfg.lockTimeout, "lock-timeout", time.Second, "how long to wait for another process to release the data directory")
+	durations.Var(fs, &cfg.heartbeatInterval, "heartbeat-interval", 5*time.Second, durations.Options{}, "how often workers are told to heartbeat")
+	durations.Var(fs, &cfg.leaseTTL, "lease-ttl", 15*time.Second, durations.Options{}, "a worker silent this long is LOST")
+	durations.Var(fs, &cfg.drainTimeout, "drain-timeout", 10*time.Second, durations.Options{}, "on SIGINT/SIGTERM, how long in-flight RPCs may take to finish")
+	durations.Var(fs, &cfg.lockTimeout, "lock-timeout", time.Second, durations.Options{}, "how long to wait for another process to release the data directory")
 	fs.StringVar(&cfg.logFormat, "log-format", "text", "log `format`: text or json")
 	fs.TextVar(&cfg.logLevel, "log-level", slog.LevelInfo, "log `level`: debug, info, warn or error")
 
@@ -96,12 +97,12 @@ func newServeFlags(cfg *serveConfig) *flag.FlagSet {
 	fs.IntVar(&cfg.maxRuns, "max-runs", 10000, "runs the coordinator keeps; CreateRun beyond it gets RESOURCE_EXHAUSTED")
 	fs.IntVar(&cfg.maxWorkersPerRun, "max-workers-per-run", 10000, "workers one run may register; more get RESOURCE_EXHAUSTED")
 	fs.IntVar(&cfg.maxEventsPerRun, "max-events-per-run", 100000, "events kept per run, on disk (the latest 256 also in memory); the oldest are deleted beyond it")
-	fs.DurationVar(&cfg.finishedRetention, "finished-run-retention", 0, "delete a finished run (and all stored for it) this long after it ended, e.g. 720h; 0 keeps finished runs")
-	fs.DurationVar(&cfg.keepaliveMinTime, "keepalive-min-time", 10*time.Second, "shortest client keepalive ping interval tolerated; clients pinging more often are disconnected")
+	durations.Var(fs, &cfg.finishedRetention, "finished-run-retention", 0, durations.Options{}, "delete a finished run (and all stored for it) this long after it ended, e.g. 720h; 0 keeps finished runs")
+	durations.Var(fs, &cfg.keepaliveMinTime, "keepalive-min-time", 10*time.Second, durations.Options{}, "shortest client keepalive ping interval tolerated; clients pinging more often are disconnected")
 	fs.BoolVar(&cfg.permitPingsNoStream, "keepalive-permit-without-stream", true, "tolerate client keepalive pings on connections with no open RPC")
-	fs.DurationVar(&cfg.keepaliveTime, "keepalive-time", 30*time.Second, "ping a client connection silent this long, to notice dead workers")
-	fs.DurationVar(&cfg.keepaliveTimeout, "keepalive-timeout", 10*time.Second, "close a connection whose ping is not answered within this")
-	fs.DurationVar(&cfg.maxConnectionIdle, "max-connection-idle", 0, "close connections with no RPC for this long; 0 never does")
+	durations.Var(fs, &cfg.keepaliveTime, "keepalive-time", 30*time.Second, durations.Options{}, "ping a client connection silent this long, to notice dead workers")
+	durations.Var(fs, &cfg.keepaliveTimeout, "keepalive-timeout", 10*time.Second, durations.Options{}, "close a connection whose ping is not answered within this")
+	durations.Var(fs, &cfg.maxConnectionIdle, "max-connection-idle", 0, durations.Options{}, "close connections with no RPC for this long; 0 never does")
 	return fs
 }
 

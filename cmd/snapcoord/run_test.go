@@ -73,6 +73,22 @@ func TestEnvSetsDefaultsAndFlagsWin(t *testing.T) {
 	}
 }
 
+// serve's durations read the grammar of snapctl's (cmd/internal/durations).
+func TestServeDurationGrammar(t *testing.T) {
+	env := envMap(map[string]string{"SNAPCOORD_DRAIN_TIMEOUT": "1:30"})
+	cfg, _, err := parseServe([]string{"--lease-ttl", "00:00:01:00", "--finished-run-retention", "30-00"}, env)
+	if err != nil {
+		t.Fatalf("parseServe: %v", err)
+	}
+	if cfg.leaseTTL != time.Minute || cfg.drainTimeout != 90*time.Second || cfg.finishedRetention != 30*24*time.Hour {
+		t.Errorf("lease TTL %v, drain timeout %v, retention %v; want 1m, 1m30s, 720h", cfg.leaseTTL, cfg.drainTimeout, cfg.finishedRetention)
+	}
+	if _, _, err := parseServe([]string{"--lease-ttl", "15"}, noEnv); err == nil || !strings.Contains(err.Error(), "--lease-ttl") ||
+		!strings.Contains(err.Error(), "write 15s or 15m") {
+		t.Errorf("--lease-ttl 15: %v, want the flag named and the ambiguity explained", err)
+	}
+}
+
 func TestServeUsageErrors(t *testing.T) {
 	tests := []struct {
 		name string

@@ -120,7 +120,7 @@ func TestExitStatuses(t *testing.T) {
 		{"coordinator unreachable", exitUnavailable, []string{"SNAPCOORD_ADDR=127.0.0.1:1"}, []string{"run", "get", "r1", "--timeout", "1s"}},
 		{"no admin token", exitAuth, []string{"SNAPCOORD_TOKEN="}, []string{"run", "get", "r1"}},
 		{"wrong admin token", exitAuth, nil, []string{"run", "get", "r1", "--token", "wrong"}},
-		{"bad budget", exitInvalid, nil, []string{"run", "create", "r9", "--world-size", "1", "--budget", "3h"}},
+		{"bad budget", exitUsage, nil, []string{"run", "create", "r9", "--world-size", "1", "--budget", "3 hours"}},
 		{"bad target level", exitInvalid, nil, []string{"run", "create", "r9", "--world-size", "1", "--target-level", "rollout"}},
 		{"bad time", exitInvalid, nil, []string{"run", "create", "r9", "--world-size", "1", "--must-save-by", "tomorrow"}},
 	} {

@@ -7,6 +7,8 @@ import (
 	"io"
 	"strings"
 	"time"
+
+	"github.com/snapcoord/snapcoord/cmd/internal/durations"
 )
 
 // cli is the state one snapctl invocation shares between its flags and its
@@ -60,7 +62,7 @@ func (c *cli) newFlagSet(name string) *flag.FlagSet {
 	fs.StringVar(&c.conn.certFile, "cert-file", c.conn.certFile, "client certificate `file`")
 	fs.StringVar(&c.conn.keyFile, "key-file", c.conn.keyFile, "client key `file`")
 	fs.StringVar(&c.conn.serverName, "server-name", c.conn.serverName, "server `name` to verify")
-	fs.DurationVar(&c.conn.timeout, "timeout", c.conn.timeout, "bound on each call")
+	durations.Var(fs, &c.conn.timeout, "timeout", c.conn.timeout, durations.Options{}, "bound on each call")
 	fs.StringVar(&c.output, "o", c.output, "output `format`")
 	fs.StringVar(&c.output, "output", c.output, "output `format` (same as -o)")
 	return fs

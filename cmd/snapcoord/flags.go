@@ -7,12 +7,12 @@ import (
 	"io"
 	"log/slog"
 	"math"
-	"net"
 	"strings"
 	"time"
 
 	"github.com/snapcoord/snapcoord/cmd/internal/durations"
 	"github.com/snapcoord/snapcoord/cmd/internal/flagtext"
+	"github.com/snapcoord/snapcoord/cmd/internal/loopback"
 )
 
 // envPrefix names the environment variable behind every flag: --lease-ttl
@@ -188,32 +188,16 @@ func (c serveConfig) checkExposure(adminTokens int) error {
 	if c.insecure {
 		return nil
 	}
-	if adminTokens == 0 && !isLoopback(c.listen) {
+	if adminTokens == 0 && !loopback.Is(c.listen) {
 		return fmt.Errorf("refusing to listen on %s: no admin token is configured, so anyone who can reach that address "+
 			"could create, change and cancel runs. Configure an admin token (--admin-token-file or %s), listen on a "+
 			"loopback address (127.0.0.1, ::1, localhost), or pass --insecure to accept an open RunService", c.listen, adminTokenEnv)
 	}
-	if c.pprof && !isLoopback(c.metricsListen) {
+	if c.pprof && !loopback.Is(c.metricsListen) {
 		return fmt.Errorf("refusing to serve /debug/pprof/ on %s, a non-loopback address: profiles and the command line "+
 			"would be open to anyone who can reach it. Use a loopback --metrics-listen or pass --insecure", c.metricsListen)
 	}
 	return nil
-}
-
-// isLoopback reports whether a listen address only accepts local
-// connections. An empty host (all interfaces) or any name but localhost
-// counts as not loopback.
-func isLoopback(addr string) bool {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		return false
-	}
-	if strings.EqualFold(host, "localhost") {
-		return true
-	}
-	host, _, _ = strings.Cut(host, "%") // a zone, as in fe80::1%eth0
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
 }
 
 // reflectionAccess resolves --reflection: whether to serve reflection and
@@ -227,7 +211,7 @@ func (c serveConfig) reflectionAccess() (serve, open bool) {
 	case reflectionOpen:
 		return true, true
 	default:
-		return true, isLoopback(c.listen)
+		return true, loopback.Is(c.listen)
 	}
 }
 

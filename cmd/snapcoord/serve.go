@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
+	"github.com/snapcoord/snapcoord/cmd/internal/loopback"
 	"github.com/snapcoord/snapcoord/server/auth"
 	"github.com/snapcoord/snapcoord/server/engine"
 	"github.com/snapcoord/snapcoord/server/grpcserver"
@@ -170,7 +171,7 @@ func newGRPCServer(cfg serveConfig, adminTokens []string, eng *engine.Engine, te
 		"traces_exported", tel.TracesExported())
 	if len(adminTokens) == 0 {
 		log.Warn("no admin token configured: RunService is open to anyone who can connect")
-	} else if tlsMode == "off" && !isLoopback(cfg.listen) {
+	} else if tlsMode == "off" && !loopback.Is(cfg.listen) {
 		log.Warn("serving without TLS on a non-loopback address: tokens cross the network in clear text")
 	}
 	return grpcserver.New(grpcserver.Config{

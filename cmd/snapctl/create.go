@@ -188,7 +188,7 @@ func int32Flag(name string, v int) (int32, error) {
 // assignments on stdout, for `eval "$(snapctl run create ...)"`, with a
 // summary on stderr.
 func (c *cli) createRun(ctx context.Context, runID string, spec *v1.RunSpec) error {
-	cl, err := c.dial("")
+	cl, err := c.connect(ctx)
 	if err != nil {
 		return err
 	}

@@ -7,6 +7,8 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/snapcoord/snapcoord/cmd/internal/durations"
 )
 
 // Exit statuses, documented in `snapctl help` and README.md.
@@ -84,7 +86,12 @@ func exitCode(err error) int {
 func (c *cli) fail(err error) int {
 	code := exitCode(err)
 	if err != nil {
-		fmt.Fprintf(c.stderr, "snapctl: %s\n", describe(err))
+		msg := describe(err)
+		// grpc-go's own words name neither the coordinator nor the bound.
+		if code := status.Code(err); code == codes.DeadlineExceeded || code == codes.Unavailable {
+			msg += fmt.Sprintf(" (coordinator %s, --timeout %s)", c.conn.addr, durations.Format(c.conn.timeout))
+		}
+		fmt.Fprintf(c.stderr, "snapctl: %s\n", msg)
 		if code == exitUsage {
 			fmt.Fprintln(c.stderr, "run 'snapctl help' for usage")
 		}

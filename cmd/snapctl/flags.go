@@ -28,6 +28,9 @@ type connConfig struct {
 	caFile, certFile, keyFile string
 	serverName                string
 	timeout                   time.Duration
+	// Resolved by transport: whether the connection is plaintext, and
+	// whether only because the address is loopback.
+	plainInUse, plainByDefault bool
 }
 
 // connFlags are defined on every flag set, bound to the same variables:

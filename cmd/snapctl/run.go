@@ -60,7 +60,9 @@ connection flags (and their environment variables):
   --token TOKEN        admin token for run commands (SNAPCOORD_TOKEN)
   --token-file FILE    read the admin token from FILE (SNAPCOORD_TOKEN_FILE)
   --plaintext          no TLS: only for a coordinator on loopback or a trusted
-                       network (SNAPCOORD_PLAINTEXT)
+                       network (SNAPCOORD_PLAINTEXT); the default for a
+                       loopback address when no TLS flag is given
+                       (--plaintext=false: TLS there too)
   --ca-file FILE       CA bundle that signs the coordinator's certificate;
                        default: the system roots (SNAPCOORD_CA_FILE)
   --cert-file FILE     client certificate, for mutual TLS (SNAPCOORD_CERT_FILE)

@@ -18,7 +18,7 @@ import (
 
 // withClient runs fn with a connection bounded by --timeout.
 func (c *cli) withClient(ctx context.Context, fn func(ctx context.Context, cl *client.Client) error) error {
-	cl, err := c.dial("")
+	cl, err := c.connect(ctx)
 	if err != nil {
 		return err
 	}

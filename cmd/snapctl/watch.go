@@ -29,7 +29,7 @@ func setupRunWatch(_ *flag.FlagSet, c *cli) func(context.Context, []string) erro
 // watchRun prints the run's new events until it ends and returns its final
 // state. Interrupted, it fails: the last call finds ctx cancelled.
 func (c *cli) watchRun(ctx context.Context, runID string) (*v1.Run, error) {
-	cl, err := c.dial("")
+	cl, err := c.connect(ctx)
 	if err != nil {
 		return nil, err
 	}

@@ -121,6 +121,9 @@ func TestCommands(t *testing.T) {
 		inStdout string
 	}{
 		{[]string{"version"}, exitOK, "snapcoord "},
+		{[]string{"--version"}, exitOK, " (commit "},
+		{[]string{"-version"}, exitOK, " (commit "},
+		{[]string{"--help"}, exitOK, "--version"},
 		{[]string{"help"}, exitOK, "serve"},
 		{nil, exitUsage, ""},
 		{[]string{"frobnicate"}, exitUsage, ""},

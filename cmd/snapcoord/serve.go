@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/credentials"
 
 	"github.com/snapcoord/snapcoord/cmd/internal/loopback"
+	"github.com/snapcoord/snapcoord/cmd/internal/version"
 	"github.com/snapcoord/snapcoord/server/auth"
 	"github.com/snapcoord/snapcoord/server/engine"
 	"github.com/snapcoord/snapcoord/server/grpcserver"
@@ -89,7 +90,7 @@ func newLogger(cfg serveConfig, w io.Writer) *slog.Logger {
 // released in reverse order of acquisition: listeners and server, engine,
 // store, telemetry (which the store and engine report to until closed).
 func serve(ctx context.Context, cfg serveConfig, adminTokens []string, lookupEnv func(string) (string, bool), log *slog.Logger) error {
-	tel, err := telemetry.New(ctx, telemetry.Options{Logger: log, ServiceVersion: moduleVersion(), LookupEnv: lookupEnv})
+	tel, err := telemetry.New(ctx, telemetry.Options{Logger: log, ServiceVersion: version.Get().Version, LookupEnv: lookupEnv})
 	if err != nil {
 		return err
 	}

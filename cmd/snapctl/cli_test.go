@@ -150,6 +150,17 @@ func TestHelpListsExitStatuses(t *testing.T) {
 	}
 }
 
+// --version and version print the version and commit and exit 0, also
+// with connection flags before them.
+func TestVersion(t *testing.T) {
+	s := startServer(t)
+	for _, args := range [][]string{{"--version"}, {"version"}, {"--addr", "127.0.0.1:1", "--version"}} {
+		if out := s.ok(args...); !strings.HasPrefix(out, "snapctl ") || !strings.Contains(out, " (commit ") || !strings.Contains(out, ", go1.") {
+			t.Errorf("snapctl %v = %q, want \"snapctl VERSION (commit COMMIT, GOVERSION)\"", args, out)
+		}
+	}
+}
+
 // oneDashFlag finds "-budget" (as Go's flag package prints flags) but not
 // "--budget", "-o" or "slurm-10m".
 var oneDashFlag = regexp.MustCompile(`(^|[\s(\[,'"])-[a-z][a-z-]+`)

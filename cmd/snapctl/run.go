@@ -6,11 +6,11 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"runtime/debug"
 	"strings"
 	"time"
 
 	"github.com/snapcoord/snapcoord/cmd/internal/flagtext"
+	"github.com/snapcoord/snapcoord/cmd/internal/version"
 )
 
 // env is the process around a command: tests run commands with their own.
@@ -50,8 +50,8 @@ const usageHead = `usage: snapctl [connection flags] <command> [flags] [argument
 commands:
 `
 
-const usageTail = `  version       print the version
-  help          print this help
+const usageTail = `  version       print the version and commit (also --version)
+  help          print this help (also --help)
 
 Flags may come before or after the arguments. Every command takes the
 connection flags (and their environment variables):
@@ -107,6 +107,7 @@ func printUsage(w io.Writer) {
 func run(ctx context.Context, args []string, e env) int {
 	c := &cli{env: e, conn: connConfig{addr: "127.0.0.1:7070", timeout: 30 * time.Second}}
 	global := c.newFlagSet("snapctl")
+	showVersion := global.Bool("version", false, "print the version")
 	if err := c.applyEnv(global); err != nil {
 		return c.fail(usageErr(err))
 	}
@@ -116,6 +117,10 @@ func run(ctx context.Context, args []string, e env) int {
 			return exitOK
 		}
 		return c.fail(usageErr(flagtext.Error(err)))
+	}
+	if *showVersion {
+		fmt.Fprintln(e.stdout, version.String("snapctl"))
+		return exitOK
 	}
 	c.setFlags = map[string]bool{}
 	global.Visit(func(f *flag.Flag) { c.setFlags[f.Name] = true })
@@ -129,7 +134,7 @@ func run(ctx context.Context, args []string, e env) int {
 		printUsage(e.stdout)
 		return exitOK
 	case "version":
-		fmt.Fprintln(e.stdout, versionString())
+		fmt.Fprintln(e.stdout, version.String("snapctl"))
 		return exitOK
 	}
 	cmd, rest, ok := findCommand(args)
@@ -174,21 +179,4 @@ func (c *cli) execute(ctx context.Context, cmd command, args []string) error {
 func (c *cli) printCommandUsage(w io.Writer, cmd command, fs *flag.FlagSet) {
 	fmt.Fprintf(w, "usage: snapctl %s [flags] %s\n\n%s\n\nflags (connection flags: see 'snapctl help'):\n", cmd.name, cmd.args, cmd.summary)
 	flagtext.PrintDefaults(w, fs, func(f *flag.Flag) bool { return !connFlags[f.Name] })
-}
-
-// version is set at release builds with -ldflags "-X main.version=v1.2.3".
-var version = ""
-
-func versionString() string {
-	v, goVersion := version, "unknown"
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		goVersion = bi.GoVersion
-		if v == "" {
-			v = bi.Main.Version
-		}
-	}
-	if v == "" {
-		v = "(devel)"
-	}
-	return fmt.Sprintf("snapctl %s %s", v, goVersion)
 }

@@ -291,3 +291,44 @@ func hasKey(v any, path string) bool {
 	}
 	return true
 }
+
+// run watch starts with where the run stands, its state and last decision,
+// then follows; a run that has ended gets no countdown to B.
+func TestWatchStartsWithStateAndLastDecision(t *testing.T) {
+	s := startServer(t)
+	tok := s.createRun("r1", "--world-size", "1", "--budget", "1h", "--margin", "30")
+	tr := s.trainer("r1", tok)
+	completeStep(t, tr, 1, time.Second, v1.StepAction_STEP_ACTION_CONTINUE)
+	completeStep(t, tr, 2, time.Second, v1.StepAction_STEP_ACTION_CONTINUE)
+
+	p := startProc(t, s.env(), bin.snapctl, "run", "watch", "r1")
+	p.waitFor(t, "the watch to show the run", func(out string) bool { return strings.Contains(out, "last decision, step 2 at ") })
+	head := p.out.String()
+	for _, want := range []string{"run r1 is RUNNING at step 2; B = ", " (in ", "last decision, step 2 at ", ": continued: "} {
+		if !strings.Contains(head, want) {
+			t.Errorf("run watch began without %q:\n%s", want, head)
+		}
+	}
+	// Then it follows: the next decision and the end.
+	completeStep(t, tr, 3, time.Second, v1.StepAction_STEP_ACTION_CONTINUE)
+	p.waitFor(t, "step 3's decision", func(out string) bool { return strings.Contains(out, "step 3") && strings.Contains(out, "decision") })
+	s.ok("run", "cancel", "r1", "--reason", "done watching")
+	if code := p.exitCode(t); code != exitRunFailed || !strings.Contains(p.out.String(), "run r1 ended CANCELLED") {
+		t.Errorf("run watch: exit %d, want %d after the cancel:\n%s", code, exitRunFailed, p.out.String())
+	}
+
+	// A run that has ended: its state, how its end stood to B, the last
+	// decision, and no "in N min".
+	r := s.wantExit(exitRunFailed, "run", "watch", "r1")
+	for _, want := range []string{"run r1 is CANCELLED at step 3; B = ", "(the run ended ", " before B)", "last decision, step 3 at ", "run r1 ended CANCELLED"} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("run watch of an ended run lacks %q:\n%s", want, r.stdout)
+		}
+	}
+	if strings.Contains(r.stdout, "(in ") {
+		t.Errorf("run watch of an ended run counts down to B:\n%s", r.stdout)
+	}
+	if out := s.ok("run", "get", "r1"); strings.Contains(out, "(in ") || !strings.Contains(out, "before B)") {
+		t.Errorf("run get of an ended run counts down to B:\n%s", out)
+	}
+}

@@ -221,11 +221,21 @@ func (c *cli) printRun(r *v1.Run) error {
 	return table(c.stdout, "", rows)
 }
 
-// describeDeadline: "B = 2026-11-30 11:45:00 CET (in 3 h 45 min)".
+// describeDeadline: "B = 2026-11-30 11:45:00 CET (in 3 h 45 min)"; for a
+// run that ended, no countdown but how its end stood to B: "B = ...
+// (the run ended 1 min 12 s before B)".
 func describeDeadline(r *v1.Run, now time.Time) string {
 	b := r.GetDeadline().GetMustSaveBy()
-	if b == nil {
+	switch {
+	case b == nil:
 		return "none: the run never fires by itself"
+	case r.GetEndedAt() != nil:
+		ended, bt := r.GetEndedAt().AsTime(), b.AsTime()
+		side := "before"
+		if ended.After(bt) {
+			side = "after"
+		}
+		return fmt.Sprintf("B = %s (the run ended %s %s B)", stamp(b), span(bt.Sub(ended)), side)
 	}
 	return fmt.Sprintf("B = %s (%s)", stamp(b), relative(b.AsTime(), now))
 }

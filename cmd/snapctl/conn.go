@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 
+	"google.golang.org/grpc"
+
 	"github.com/snapcoord/snapcoord/client"
 	"github.com/snapcoord/snapcoord/cmd/internal/loopback"
 )
@@ -19,7 +21,8 @@ func (c *cli) dial(runToken string) (*client.Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	cl, err := client.Dial(c.conn.addr, client.WithToken(admin), client.WithRunToken(runToken), transport)
+	cl, err := client.Dial(c.conn.addr, client.WithToken(admin), client.WithRunToken(runToken), transport,
+		client.WithDialOptions(grpc.WithChainUnaryInterceptor(c.lastUnavailable.record)))
 	if err != nil {
 		return nil, withExit(exitInvalid, err)
 	}

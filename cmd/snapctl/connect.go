@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+	"sync"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -70,6 +71,32 @@ func (c *cli) connectFailure(ctx context.Context, conn *grpc.ClientConn) error {
 	}
 	cause := connectCause(status.Convert(err).Message())
 	return withExit(exitUnavailable, fmt.Errorf("cannot connect to %s over %s: %s. %s", c.conn.addr, c.transportName(), cause, c.connectFix(cause)))
+}
+
+// attemptLog keeps the error of the last attempt of a call that failed
+// UNAVAILABLE. When the client's retries run into --timeout, grpc-go
+// reports only "context deadline exceeded", not what the attempts met.
+type attemptLog struct {
+	mu   sync.Mutex
+	last error
+}
+
+// record is a unary interceptor inside the client's retries: it sees every
+// attempt.
+func (l *attemptLog) record(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	err := invoker(ctx, method, req, reply, cc, opts...)
+	if status.Code(err) == codes.Unavailable {
+		l.mu.Lock()
+		l.last = err
+		l.mu.Unlock()
+	}
+	return err
+}
+
+func (l *attemptLog) lastError() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.last
 }
 
 // transportName says how snapctl talked, and why when it chose itself.

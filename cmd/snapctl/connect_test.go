@@ -1,16 +1,20 @@
 package main
 
 import (
+	"context"
 	"crypto/x509"
 	"fmt"
 	"net"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 	"github.com/snapcoord/snapcoord/internal/testpki"
 )
 
@@ -181,5 +185,42 @@ func TestTimeoutErrorNamesCoordinator(t *testing.T) {
 	want := "snapctl: list runs: DeadlineExceeded: context deadline exceeded (coordinator coord.example:7070, --timeout 3s)\n"
 	if stderr.String() != want {
 		t.Errorf("stderr %q, want %q", stderr.String(), want)
+	}
+}
+
+// unavailableRuns answers ListRuns UNAVAILABLE, as a coordinator does
+// while it shuts down, and counts the attempts.
+type unavailableRuns struct {
+	v1.UnimplementedRunServiceServer
+	calls atomic.Int32
+}
+
+func (u *unavailableRuns) ListRuns(context.Context, *v1.ListRunsRequest) (*v1.ListRunsResponse, error) {
+	u.calls.Add(1)
+	return nil, status.Error(codes.Unavailable, "coordinator is shutting down")
+}
+
+// Once connected, UNAVAILABLE is transient (a coordinator restarting) and
+// retried until --timeout; the error then says what the attempts met.
+func TestUnavailableAfterConnectIsRetried(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, runs := grpc.NewServer(), &unavailableRuns{}
+	v1.RegisterRunServiceServer(srv, runs)
+	go func() { _ = srv.Serve(l) }()
+	defer srv.Stop()
+
+	s := &server{t: t, addr: l.Addr().String()}
+	start := time.Now()
+	r := s.snapctlEnv(noPlaintextEnv, "run", "list", "--timeout", "2s")
+	took := time.Since(start)
+	want := "(coordinator " + s.addr + ", --timeout 2s; the last attempt: coordinator is shutting down)"
+	if r.code != exitUnavailable || !strings.Contains(r.stderr, "DeadlineExceeded") || !strings.Contains(r.stderr, want) {
+		t.Errorf("exit %d, stderr %q; want %d, DeadlineExceeded and %q", r.code, r.stderr, exitUnavailable, want)
+	}
+	if n := runs.calls.Load(); n < 2 || took < 2*time.Second || took > 2*time.Second+failFastBound {
+		t.Errorf("%d attempts in %v, want several within --timeout 2s", n, took)
 	}
 }

@@ -87,9 +87,14 @@ func (c *cli) fail(err error) int {
 	code := exitCode(err)
 	if err != nil {
 		msg := describe(err)
-		// grpc-go's own words name neither the coordinator nor the bound.
+		// grpc-go's own words name neither the coordinator nor the bound,
+		// nor, once retries ran out of time, what the attempts met.
 		if code := status.Code(err); code == codes.DeadlineExceeded || code == codes.Unavailable {
-			msg += fmt.Sprintf(" (coordinator %s, --timeout %s)", c.conn.addr, durations.Format(c.conn.timeout))
+			msg += fmt.Sprintf(" (coordinator %s, --timeout %s", c.conn.addr, durations.Format(c.conn.timeout))
+			if last := c.lastUnavailable.lastError(); code == codes.DeadlineExceeded && last != nil {
+				msg += "; the last attempt: " + connectCause(status.Convert(last).Message())
+			}
+			msg += ")"
 		}
 		fmt.Fprintf(c.stderr, "snapctl: %s\n", msg)
 		if code == exitUsage {

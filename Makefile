@@ -52,8 +52,17 @@ help: ## List the targets.
 	@grep -E '^[a-z0-9-]+:.*## ' $(firstword $(MAKEFILE_LIST)) | \
 		sed -E 's/^([a-z0-9-]+):.*## (.*)/  \1\t\2/' | expand -t 20
 
-build: ## Build the binaries into bin/.
-	$(GO) build -o bin/ ./cmd/...
+# The version and commit that --version prints when the go command recorded
+# no VCS information in the build (-buildvcs=false, which this machine's go env
+# sets, or a source tree without .git); see cmd/internal/version. Recursive
+# (=), so that only targets that build run git.
+VERSION_PKG := github.com/snapcoord/snapcoord/cmd/internal/version
+BUILD_VERSION = $(shell git describe --always --dirty 2>/dev/null || echo unknown)
+BUILD_COMMIT = $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
+BUILD_LDFLAGS = -X $(VERSION_PKG).stampedVersion=$(BUILD_VERSION) -X $(VERSION_PKG).stampedCommit=$(BUILD_COMMIT)
+
+build: ## Build the binaries into bin/ (stamped with git describe and the commit).
+	$(GO) build -ldflags '$(BUILD_LDFLAGS)' -o bin/ ./cmd/...
 
 run: build ## Run the coordinator with its defaults (127.0.0.1:7070, data in ./data).
 	./bin/snapcoord serve
@@ -173,7 +182,8 @@ CRASH_CYCLES ?= 20
 FUZZTIME ?= 30s
 # Every fuzz target, as package:Name; make fuzz runs each for FUZZTIME.
 FUZZ_TARGETS := ./server/deadline:FuzzParseBudget ./server/grpcserver:FuzzCreateRun \
-	./server/grpcserver:FuzzWorkerService ./server/grpcserver:FuzzRunService
+	./server/grpcserver:FuzzWorkerService ./server/grpcserver:FuzzRunService \
+	./cmd/internal/durations:FuzzParse
 
 # The deadline policies' simulation (docs/simulation.md): seeded, so a rerun
 # prints the same tables. SIM_FLAGS e.g. '--runs 300 --workloads AC'.

@@ -106,8 +106,8 @@ func (m *mut) observeIteration(st *storagev1.StepRecord, sec float64) {
 // deadline if it says so.
 func (m *mut) decide(step int64) *v1.Decision {
 	r := m.r
-	est := m.e.policy.Estimate(r.observations())
-	d := &v1.Decision{Step: step, DecidedAt: m.ts(), Inputs: m.e.deadlineView(r)}
+	est := m.e.policy.Estimate(r.observations(step))
+	d := &v1.Decision{Step: step, DecidedAt: m.ts(), Inputs: m.e.deadlineOf(r, est)}
 	switch {
 	case r.fired() && r.rec.Run.FireKind != v1.DeadlineFireKind_DEADLINE_FIRE_KIND_PRE_STEP && step < r.rec.Run.FiredAtStep:
 		// A late first question about an earlier step: the ranks must still
@@ -175,7 +175,7 @@ func (m *mut) armPreStep() {
 		m.disarm(timerPreStep)
 		return
 	}
-	at := m.e.policy.PreStepFiresAt(b, m.e.policy.Estimate(r.observations()))
+	at := m.e.policy.PreStepFiresAt(b, m.e.policy.Estimate(r.observations(0)))
 	m.arm(timerPreStep, at, func(m *mut) {
 		// A first step that completed while this callback waited for the
 		// lock makes it stale: it saves nothing.

@@ -22,8 +22,9 @@ func lookaheadSpec(every int32) *v1.RunSpec {
 // The blind spot of issue 15, and its fix. Two runs, alike but for
 // checkpoint_every_steps = 2, complete step 2 at B - 60 s with I 10 s,
 // C 20 s, R 10 s, M 5 s. Without the field the rule sees 45 s and
-// continues with 15 s to spare, though the trainer's regular save of step 2
-// (checkpoint and snapshot, 30 s) runs first. With it, S = C + R = 30 s is
+// continues with 15 s to spare; the trainer's regular save of step 2
+// (checkpoint and snapshot, 30 s) then runs first, the deadline fires at
+// step 3, and B passes while the ranks save. With it, S = C + R = 30 s is
 // counted, step 2 saves and stops, and the run stops before B.
 func TestRegularSaveInTheLookahead(t *testing.T) {
 	h := newHarnessWith(t, Options{HeartbeatInterval: time.Minute})
@@ -89,6 +90,21 @@ func TestRegularSaveInTheLookahead(t *testing.T) {
 		t.Fatalf("every2 fired at step %d, ended %v, want step 2 and before B %v", run.FiredAtStep, run.EndedAt.AsTime(), b)
 	}
 
+	// plain: the regular save of step 2 runs, then step 3 fires too late.
+	h.checkpoint("plain", pr, 2, v1.CheckpointPhase_CHECKPOINT_PHASE_SAVED, 20)
+	h.clk.Advance(10 * time.Second)
+	all()
+	h.reportAll("plain", pe, h.lastSnapshot("plain").SnapshotId, v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SAVED)
+	h.clk.Advance(10 * time.Second)
+	all()
+	if a := h.stepAll("plain", pr, 3, 10); a != v1.StepAction_STEP_ACTION_SAVE_AND_STOP {
+		t.Fatalf("plain step 3 at B - 20 s: %v", a)
+	}
+	h.clk.Advance(20 * time.Second)
+	h.wantMissed("plain", "still saving the checkpoint of step 3")
+	if h.get("every2").DeadlineMissed {
+		t.Fatal("every2 marked deadline_missed")
+	}
 }
 
 func (h *harness) decisionEvents(run string) []*v1.RunEvent {

@@ -106,6 +106,7 @@ func (m *mut) observeIteration(st *storagev1.StepRecord, sec float64) {
 // deadline if it says so.
 func (m *mut) decide(step int64) *v1.Decision {
 	r := m.r
+	m.decidedLate(step, fmt.Sprintf("step %d was decided", step))
 	est := m.e.policy.Estimate(r.observations(step))
 	d := &v1.Decision{Step: step, DecidedAt: m.ts(), Inputs: m.e.deadlineOf(r, est)}
 	switch {
@@ -154,6 +155,7 @@ func (m *mut) fire(kind v1.DeadlineFireKind, step int64, why string) {
 	r.rec.Run.FireKind = kind
 	r.rec.Run.FiredAtStep = step
 	r.rec.ManualFirePending = false
+	m.decidedLate(step, "the deadline fired "+firedWhere(r))
 	m.disarm(timerPreStep)
 	m.disarm(timerInterval)
 	m.event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_DEADLINE_FIRED, Step: step,

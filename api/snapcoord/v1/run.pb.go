@@ -757,9 +757,21 @@ type Run struct {
 	// When the run reached its terminal state; unset while live.
 	EndedAt *timestamppb.Timestamp `protobuf:"bytes,12,opt,name=ended_at,json=endedAt,proto3" json:"ended_at,omitempty"`
 	// Sequence number of the latest run event (WatchRun after_seq).
-	LastEventSeq  int64 `protobuf:"varint,13,opt,name=last_event_seq,json=lastEventSeq,proto3" json:"last_event_seq,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	LastEventSeq int64 `protobuf:"varint,13,opt,name=last_event_seq,json=lastEventSeq,proto3" json:"last_event_seq,omitempty"`
+	// The deadline was missed: a step was decided at or after B (whatever the
+	// answer), B passed while the run was RUNNING or its deadline save was
+	// still going (SAVING, SNAPSHOTTING), or the deadline save ended at or
+	// after B. Set once, with a WARNING event; never cleared, not even by
+	// UpdateDeadline. After a coordinator restart, a save that ends within the
+	// restart grace is not judged late (its reports may have been held up by
+	// the outage).
+	DeadlineMissed bool `protobuf:"varint,14,opt,name=deadline_missed,json=deadlineMissed,proto3" json:"deadline_missed,omitempty"`
+	// When the coordinator found the deadline missed; unset if it was not.
+	DeadlineMissedAt *timestamppb.Timestamp `protobuf:"bytes,15,opt,name=deadline_missed_at,json=deadlineMissedAt,proto3" json:"deadline_missed_at,omitempty"`
+	// How it was missed, in words, with the times.
+	DeadlineMissedReason string `protobuf:"bytes,16,opt,name=deadline_missed_reason,json=deadlineMissedReason,proto3" json:"deadline_missed_reason,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *Run) Reset() {
@@ -883,6 +895,27 @@ func (x *Run) GetLastEventSeq() int64 {
 	return 0
 }
 
+func (x *Run) GetDeadlineMissed() bool {
+	if x != nil {
+		return x.DeadlineMissed
+	}
+	return false
+}
+
+func (x *Run) GetDeadlineMissedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.DeadlineMissedAt
+	}
+	return nil
+}
+
+func (x *Run) GetDeadlineMissedReason() string {
+	if x != nil {
+		return x.DeadlineMissedReason
+	}
+	return ""
+}
+
 var File_snapcoord_v1_run_proto protoreflect.FileDescriptor
 
 const file_snapcoord_v1_run_proto_rawDesc = "" +
@@ -930,7 +963,7 @@ const file_snapcoord_v1_run_proto_rawDesc = "" +
 	"\bfires_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\afiresAt\x12'\n" +
 	"\x0ftrigger_pending\x18\a \x01(\tR\x0etriggerPending\x125\n" +
 	"\x14regular_save_seconds\x18\b \x01(\x01H\x00R\x12regularSaveSeconds\x88\x01\x01B\x17\n" +
-	"\x15_regular_save_seconds\"\xcf\x04\n" +
+	"\x15_regular_save_seconds\"\xf8\x05\n" +
 	"\x03Run\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12,\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x16.snapcoord.v1.RunStateR\x05state\x12)\n" +
@@ -946,7 +979,10 @@ const file_snapcoord_v1_run_proto_rawDesc = "" +
 	" \x01(\x0e2\x1e.snapcoord.v1.DeadlineFireKindR\bfireKind\x12\x1b\n" +
 	"\tlast_step\x18\v \x01(\x03R\blastStep\x125\n" +
 	"\bended_at\x18\f \x01(\v2\x1a.google.protobuf.TimestampR\aendedAt\x12$\n" +
-	"\x0elast_event_seq\x18\r \x01(\x03R\flastEventSeq*\xe4\x01\n" +
+	"\x0elast_event_seq\x18\r \x01(\x03R\flastEventSeq\x12'\n" +
+	"\x0fdeadline_missed\x18\x0e \x01(\bR\x0edeadlineMissed\x12H\n" +
+	"\x12deadline_missed_at\x18\x0f \x01(\v2\x1a.google.protobuf.TimestampR\x10deadlineMissedAt\x124\n" +
+	"\x16deadline_missed_reason\x18\x10 \x01(\tR\x14deadlineMissedReason*\xe4\x01\n" +
 	"\bRunState\x12\x19\n" +
 	"\x15RUN_STATE_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11RUN_STATE_PENDING\x10\x01\x12\x15\n" +
@@ -1014,11 +1050,12 @@ var file_snapcoord_v1_run_proto_depIdxs = []int32{
 	10, // 13: snapcoord.v1.Run.fired_at:type_name -> google.protobuf.Timestamp
 	2,  // 14: snapcoord.v1.Run.fire_kind:type_name -> snapcoord.v1.DeadlineFireKind
 	10, // 15: snapcoord.v1.Run.ended_at:type_name -> google.protobuf.Timestamp
-	16, // [16:16] is the sub-list for method output_type
-	16, // [16:16] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	10, // 16: snapcoord.v1.Run.deadline_missed_at:type_name -> google.protobuf.Timestamp
+	17, // [17:17] is the sub-list for method output_type
+	17, // [17:17] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_snapcoord_v1_run_proto_init() }

@@ -1,9 +1,9 @@
 // Package deadline holds the save rule of DESIGN.md: the estimates I, C, R, M
 // and the decision now + I + C + R + M >= B; at a step the trainer follows
-// with a regular save, now + S + I + C + R + M >= B. It is pure (no clock, no I/O) and
-// sits behind the Policy interface so that a risk-aware rule (quantiles of the
-// recorded durations instead of maxima) can replace it without touching the
-// engine.
+// with a regular save, now + S + I + C + R + M >= B. It is pure (no clock,
+// no I/O) and sits behind the Policy interface so that a risk-aware rule
+// (quantiles of the recorded durations instead of maxima) can replace it
+// without touching the engine.
 package deadline
 
 import (

@@ -175,7 +175,8 @@ type DeadlineFireKind int32
 const (
 	// Not fired.
 	DeadlineFireKind_DEADLINE_FIRE_KIND_UNSPECIFIED DeadlineFireKind = 0
-	// A completed step met now + I + C + R + M >= B.
+	// A completed step met now + I + C + R + M >= B (+ S at a step a regular
+	// save follows: Deadline.regular_save_seconds).
 	DeadlineFireKind_DEADLINE_FIRE_KIND_STEP DeadlineFireKind = 1
 	// No step had completed by B - (C + R + M): the bootstrap state (step 0)
 	// was snapshotted.

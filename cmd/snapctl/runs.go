@@ -194,15 +194,20 @@ func (c *cli) printRun(r *v1.Run) error {
 	rows := [][]string{
 		{"run", r.GetRunId()},
 		{"state", enumWord(r.GetState(), "RUN_STATE_")},
+	}
+	if r.GetDeadlineMissed() {
+		rows = append(rows, []string{"DEADLINE MISSED", describeMissed(r)})
+	}
+	rows = append(rows, [][]string{
 		{"trainer ranks", strconv.Itoa(int(r.GetSpec().GetTrainerWorldSize()))},
 		{"recovery level", lowerWord(r.GetSpec().GetRolloutRecovery().GetTargetLevel(), "TARGET_LEVEL_")},
 		{"created", stamp(r.GetCreatedAt())},
 		{"started at", stamp(r.GetSpec().GetStartedAt())},
 		{"deadline", describeDeadline(r, now)},
-		{"estimates", fmt.Sprintf("I %s, C %s, R %s, M %s", secs(d.GetIterationSeconds()), secs(d.GetCheckpointSeconds()),
-			secs(d.GetSaveReserveSeconds()), secs(d.GetMarginSeconds()))},
+		{"regular saves", describeRegularSaves(r.GetSpec().GetCheckpointing().GetCheckpointEverySteps())},
+		{"estimates", describeEstimates(r)},
 		{"last step", fmt.Sprintf("%d (last published checkpoint: step %d)", r.GetLastStep(), r.GetLastPublishedStep())},
-	}
+	}...)
 	switch {
 	case d.GetTriggerPending() != "": // set only until the deadline fires
 		rows = append(rows, []string{"fires at", describePending(d.GetTriggerPending())})
@@ -219,6 +224,31 @@ func (c *cli) printRun(r *v1.Run) error {
 		rows = append(rows, []string{"reason", m})
 	}
 	return table(c.stdout, "", rows)
+}
+
+// describeEstimates: "I 41 s, C 120 s, R 60 s, M 30 s", and ", S 180 s
+// (the regular save after step 20)" when one follows the next step.
+func describeEstimates(r *v1.Run) string {
+	d := r.GetDeadline()
+	out := fmt.Sprintf("I %s, C %s, R %s, M %s", secs(d.GetIterationSeconds()), secs(d.GetCheckpointSeconds()),
+		secs(d.GetSaveReserveSeconds()), secs(d.GetMarginSeconds()))
+	if d.RegularSaveSeconds != nil {
+		out += fmt.Sprintf(", S %s (the regular save after step %d)", secs(d.GetRegularSaveSeconds()), r.GetLastStep()+1)
+	}
+	return out
+}
+
+// describeRegularSaves is checkpoint_every_steps in words.
+func describeRegularSaves(every int32) string {
+	if every <= 0 {
+		return "none declared (checkpoint_every_steps 0): the rule counts no regular save"
+	}
+	return fmt.Sprintf("after every step that is a multiple of %d, counted as S in the look-ahead", every)
+}
+
+// describeMissed: how the run missed its deadline, and when that was found.
+func describeMissed(r *v1.Run) string {
+	return r.GetDeadlineMissedReason() + " (found " + stamp(r.GetDeadlineMissedAt()) + ")"
 }
 
 // describeDeadline: "B = 2026-11-30 11:45:00 CET (in 3 h 45 min)"; for a

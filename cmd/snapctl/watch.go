@@ -43,6 +43,7 @@ func (c *cli) watchRun(ctx context.Context, runID string) (*v1.Run, error) {
 		if err := c.printWhereRunStands(ctx, cl, run); err != nil {
 			return nil, err
 		}
+		c.printMissed(run)
 	}
 	if err := c.printEvents(ctx, cl, runID, run.GetLastEventSeq(), true); err != nil {
 		return nil, err
@@ -117,12 +118,20 @@ func (c *cli) getRun(ctx context.Context, cl *client.Client, runID string) (*v1.
 	return resp.GetRun(), nil
 }
 
+// printMissed says, on a line of its own, that the run missed its deadline.
+func (c *cli) printMissed(run *v1.Run) {
+	if run.GetDeadlineMissed() {
+		fmt.Fprintf(c.stdout, "DEADLINE MISSED: %s\n", describeMissed(run))
+	}
+}
+
 // runEnded reports the final state; FAILED and CANCELLED exit non-zero so
 // that a launch script can tell.
 func (c *cli) runEnded(run *v1.Run) error {
 	state := enumWord(run.GetState(), "RUN_STATE_")
 	if c.output != "json" {
 		fmt.Fprintf(c.stdout, "run %s ended %s at %s\n", run.GetRunId(), state, stamp(run.GetEndedAt()))
+		c.printMissed(run)
 	}
 	switch run.GetState() {
 	case v1.RunState_RUN_STATE_FAILED, v1.RunState_RUN_STATE_CANCELLED:

@@ -15,14 +15,14 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 say() { printf 'deploy-check: %s\n' "$*"; }
 
-scripts/ensure-debs.sh promtool:prometheus systemd-analyze:systemd python3:python3
+scripts/ensure-debs.sh prometheus systemd python3
 
 say "alert rules"
 promtool check rules deploy/prometheus/snapcoord-alerts.yml
 (cd deploy/prometheus && promtool test rules snapcoord-alerts.test.yml)
 
 say "dashboard"
-python3 - deploy/grafana/snapcoord-dashboard.json <<'PY'
+/usr/bin/python3 - deploy/grafana/snapcoord-dashboard.json <<'PY'
 import json, sys
 path = sys.argv[1]
 with open(path) as f:

@@ -1,21 +1,32 @@
 #!/usr/bin/env bash
-# Installs Debian packages for the commands a check needs, only when a
-# command is missing: scripts/ensure-debs.sh COMMAND:PACKAGE...
-# (e.g. chromium:chromium promtool:prometheus). Needs root to install; CI
-# runs as root. apt-get update runs once, and only if something is missing.
+# ensure-debs.sh PACKAGE...: make sure these Debian packages are installed.
+# These machines reach no other package source for them. As root (CI, these
+# machines) it installs what is missing (apt-get update runs only then);
+# otherwise it stops at once with the one line to run.
 set -euo pipefail
+who="${ENSURE_DEBS_FOR:-ensure-debs.sh}"
+
+installed() {
+	dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'
+}
 
 missing=()
-for pair in "$@"; do
-	cmd=${pair%%:*} pkg=${pair#*:}
-	command -v "$cmd" >/dev/null 2>&1 || missing+=("$pkg")
+for p in "$@"; do
+	installed "$p" || missing+=("$p")
 done
-[ "${#missing[@]}" -eq 0 ] && exit 0
-
-if [ "$(id -u)" -ne 0 ]; then
-	echo "ensure-debs: missing ${missing[*]}; install them (apt-get install ${missing[*]}) or run as root" >&2
+if [ "${#missing[@]}" -eq 0 ]; then
+	exit 0
+fi
+line="apt-get update && apt-get install -y ${missing[*]}"
+if ! command -v apt-get >/dev/null; then
+	echo "$who: missing Debian packages ${missing[*]}, and this machine has no apt-get" >&2
 	exit 1
 fi
-echo "ensure-debs: apt-get install ${missing[*]}"
+if [ "$(id -u)" -ne 0 ]; then
+	echo "$who: missing Debian packages ${missing[*]}; run as root:" >&2
+	echo "  $line" >&2
+	exit 1
+fi
+echo "$who: installing ${missing[*]}"
 apt-get update -qq
-DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"

@@ -24,6 +24,9 @@ type Observer interface {
 	// CheckpointSaved is called once every rank saved a step's checkpoint,
 	// with the slowest rank's save.
 	CheckpointSaved(ctx context.Context, runID string, step int64, seconds float64)
+	// DeadlineMissed is called once per run, when it is found to have
+	// missed its deadline (Run.deadline_missed).
+	DeadlineMissed(ctx context.Context, runID string, cause MissCause)
 }
 
 type nopObserver struct{}
@@ -32,6 +35,7 @@ func (nopObserver) Decision(context.Context, string, int64, v1.StepAction)      
 func (nopObserver) DeadlineFired(context.Context, string, int64, v1.DeadlineFireKind) {}
 func (nopObserver) CommandIssued(context.Context, string)                             {}
 func (nopObserver) CommandDelivered(context.Context, string, time.Duration)           {}
+func (nopObserver) DeadlineMissed(context.Context, string, MissCause)                 {}
 func (nopObserver) SnapshotCompleted(context.Context, string, string, v1.SnapshotReason, v1.SnapshotOutcome, float64) {
 }
 func (nopObserver) CheckpointSaved(context.Context, string, int64, float64) {}

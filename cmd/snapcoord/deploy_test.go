@@ -6,8 +6,10 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	dto "github.com/prometheus/client_model/go"
+	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
 // deployFiles are the alert rules and the dashboard under deploy/.
@@ -25,6 +27,11 @@ func TestDeployReferencesRealMetrics(t *testing.T) {
 	c := startCoordinator(t, map[string]string{adminTokenEnv: adminToken})
 	scenario(t, c)                           // histograms, counters and the deadline sequence
 	stepLiveRun(t, c, "live", runSpec(1), 1) // for the per-run series
+	// A run whose B passed half an hour ago: its first decision misses it.
+	late := runSpec(1)
+	late.StartedAt = timestamppb.New(time.Now().Add(-time.Hour))
+	late.Checkpointing.CheckpointMustSaveBy = "00:00:30:00"
+	stepLiveRun(t, c, "late", late, 1)
 	fams := scrapeMetrics(t, c.metricsAddr)
 
 	for _, path := range deployFiles {

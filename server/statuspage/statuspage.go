@@ -200,6 +200,7 @@ type runSummary struct {
 	UntilB, UntilFires, B, Fire string
 	LastStep                    int64
 	FiredAt, Ended, Failure     string
+	Missed                      string // why the run missed its deadline; empty if it did not
 	I, C, R, M                  string
 }
 
@@ -222,6 +223,12 @@ func summarize(run *v1.Run, now time.Time) runSummary {
 	}
 	if f := run.GetFiredAt(); f != nil {
 		s.FiredAt = f.AsTime().UTC().Format(timeLayout)
+	}
+	if run.GetDeadlineMissed() {
+		s.Missed = run.GetDeadlineMissedReason()
+		if s.Missed == "" {
+			s.Missed = "deadline missed"
+		}
 	}
 	if e := run.GetEndedAt(); e != nil {
 		s.Ended = e.AsTime().UTC().Format(timeLayout)

@@ -3,6 +3,7 @@ package statuspage_test
 import (
 	"context"
 	"encoding/xml"
+	"html/template"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 	"github.com/snapcoord/snapcoord/server/auth"
@@ -341,6 +343,37 @@ func TestTimelineOfARunThroughItsDeadline(t *testing.T) {
 	for _, want := range []string{"stopped", `http-equiv="refresh"`, "Latest decisions", "save-and-stop"} {
 		if !strings.Contains(page, want) {
 			t.Errorf("the page lacks %q", want)
+		}
+	}
+}
+
+// A run that missed its deadline says so, with why, in the list and on its
+// page.
+func TestMissedDeadlineIsShown(t *testing.T) {
+	w := newWorld(t)
+	ctx := context.Background()
+	_, err := w.eng.CreateRun(ctx, &v1.CreateRunRequest{RunId: "late", Spec: &v1.RunSpec{
+		TrainerWorldSize: 1,
+		StartedAt:        timestamppb.New(start.Add(-time.Hour)),
+		Checkpointing:    &v1.CheckpointingSpec{CheckpointMustSaveBy: "00:00:30:00"},
+	}})
+	if err != nil {
+		t.Fatalf("CreateRun: %v", err)
+	}
+	rank, err := w.eng.RegisterWorker(ctx, &v1.RegisterWorkerRequest{RunId: "late", Role: v1.WorkerRole_WORKER_ROLE_TRAINER, Name: "rank-0"})
+	if err != nil {
+		t.Fatalf("RegisterWorker: %v", err)
+	}
+	if _, err := w.eng.CompleteStep(ctx, &v1.CompleteStepRequest{RunId: "late", WorkerId: rank.GetWorkerId(), Step: 1, IterationSeconds: 1}); err != nil {
+		t.Fatalf("CompleteStep: %v", err)
+	}
+	got, err := w.eng.GetRun(ctx, &v1.GetRunRequest{RunId: "late"})
+	if err != nil || !got.GetRun().GetDeadlineMissed() {
+		t.Fatalf("GetRun: %v, %v; want the run marked as having missed its deadline", got, err)
+	}
+	for _, path := range []string{"/", "/runs/late"} {
+		if page := w.admin(path); !strings.Contains(page, "DEADLINE MISSED") || !strings.Contains(page, template.HTMLEscapeString(got.GetRun().GetDeadlineMissedReason())) {
+			t.Errorf("GET %s does not show the missed deadline and why (%q):\n%s", path, got.GetRun().GetDeadlineMissedReason(), page)
 		}
 	}
 }

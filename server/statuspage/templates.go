@@ -20,7 +20,7 @@ th { background: #f0f0f0; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; }
 .state-running, .continue, .saved { color: #1a7f37; }
 .state-saving, .state-snapshotting, .save-and-stop { color: #b35900; font-weight: 600; }
-.state-failed, .state-cancelled, .io-error, .timeout, .invariant-failure { color: #c62828; font-weight: 600; }
+.missed, .state-failed, .state-cancelled, .io-error, .timeout, .invariant-failure { color: #c62828; font-weight: 600; }
 .state-stopped, .state-completed { color: #1f4e99; }
 svg { background: #fff; border: 1px solid #ddd; }
 svg text { font: 11px system-ui, sans-serif; fill: #333; }
@@ -57,7 +57,7 @@ svg .axis { stroke: #999; }
 <tr><th>run</th><th>state</th><th>last step</th><th>B (must save by)</th><th>time to B</th><th>fires</th><th>I</th><th>C</th><th>R</th><th>M</th></tr>
 {{range .Runs}}<tr>
 <td><a href="/runs/{{.ID}}">{{.ID}}</a></td>
-<td class="{{.StateClass}}">{{.State}}</td>
+<td class="{{.StateClass}}">{{.State}}{{if .Missed}} <span class="missed" title="{{.Missed}}">DEADLINE MISSED</span>{{end}}</td>
 <td class="num">{{.LastStep}}</td>
 <td>{{if .B}}{{.B}}{{else}}none{{end}}</td>
 <td>{{.UntilB}}</td>
@@ -77,6 +77,7 @@ svg .axis { stroke: #999; }
 <tr><th>B</th><td>{{if .B}}{{.B}} ({{.UntilB}}){{else}}none{{end}}</td><th>fires_at</th><td>{{if .FiredAt}}fired {{.FiredAt}}{{else if .Fire}}{{.Fire}} ({{.UntilFires}}){{else}}-{{end}}</td></tr>
 <tr><th>I + C + R + M</th><td colspan="3">{{.I}} + {{.C}} + {{.R}} + {{.M}}</td></tr>
 {{if .Ended}}<tr><th>ended</th><td colspan="3">{{.Ended}}</td></tr>{{end}}
+{{if .Missed}}<tr><th>deadline</th><td colspan="3" class="missed">DEADLINE MISSED: {{.Missed}}</td></tr>{{end}}
 {{if .Failure}}<tr><th>failure</th><td colspan="3">{{.Failure}}</td></tr>{{end}}
 </table>
 {{end}}

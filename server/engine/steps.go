@@ -96,6 +96,7 @@ func (m *mut) observeIteration(st *storagev1.StepRecord, sec float64) {
 	}
 	st.MaxIterationSeconds = sec
 	m.putStep(st)
+	m.recordIteration(st.Step, sec)
 	if sec > m.r.rec.MaxIterationSeconds {
 		m.r.rec.MaxIterationSeconds = sec
 		m.dirty()
@@ -107,7 +108,8 @@ func (m *mut) observeIteration(st *storagev1.StepRecord, sec float64) {
 func (m *mut) decide(step int64) *v1.Decision {
 	r := m.r
 	m.decidedLate(step, fmt.Sprintf("step %d was decided", step))
-	est := m.e.policy.Estimate(r.observations(step))
+	p, o := m.e.policyOf(r), r.observations(step)
+	est := p.Estimate(o)
 	d := &v1.Decision{Step: step, DecidedAt: m.ts(), Inputs: m.e.deadlineOf(r, est)}
 	switch {
 	case r.fired() && r.rec.Run.FireKind != v1.DeadlineFireKind_DEADLINE_FIRE_KIND_PRE_STEP && step < r.rec.Run.FiredAtStep:
@@ -129,7 +131,8 @@ func (m *mut) decide(step int64) *v1.Decision {
 			d.Explanation = "the run has no deadline: continue"
 			break
 		}
-		v := m.e.policy.Decide(m.now, b, est)
+		v := p.Judge(m.now, b, o, est)
+		withLoss(d.Inputs, v.Loss)
 		d.Explanation = v.Explanation
 		d.Action = v1.StepAction_STEP_ACTION_CONTINUE
 		if v.Fire {
@@ -177,7 +180,8 @@ func (m *mut) armPreStep() {
 		m.disarm(timerPreStep)
 		return
 	}
-	at := m.e.policy.PreStepFiresAt(b, m.e.policy.Estimate(r.observations(0)))
+	p := m.e.policyOf(r)
+	at := p.PreStepFiresAt(b, p.Estimate(r.observations(0)))
 	m.arm(timerPreStep, at, func(m *mut) {
 		// A first step that completed while this callback waited for the
 		// lock makes it stale: it saves nothing.

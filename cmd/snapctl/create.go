@@ -30,6 +30,7 @@ type specFlags struct {
 	checkpointEvery                   int
 	policy                            string
 	maxLoss                           time.Duration
+	safetySaves                       bool
 }
 
 // The grammars of the duration flags (cmd/internal/durations): those the
@@ -63,6 +64,7 @@ func setupRunCreate(fs *flag.FlagSet, c *cli) func(context.Context, []string) er
 	durations.Var(fs, &f.expSnap, "expected-snapshot", 0, secondsGrammar, "prior for R, a `duration` (seconds, or 1m), until a snapshot is measured")
 	fs.IntVar(&f.checkpointEvery, "checkpoint-every", 0, "the trainer saves a regular checkpoint after every `N`th step (NeMo RL's save_period), counted in the look-ahead")
 	fs.StringVar(&f.policy, "policy", "", "the deadline `policy`: max (the default) or expected-loss")
+	fs.BoolVar(&f.safetySaves, "safety-saves", false, "with --policy expected-loss: a step may be answered SAVE_AND_CONTINUE (every rank must handle it)")
 	durations.Var(fs, &f.maxLoss, "max-loss", 0, durationGrammar, "τ for --policy expected-loss, a `duration`: a miss losing more work than this weighs as a disaster (default 25m)")
 	return func(ctx context.Context, args []string) error {
 		if err := wantArgs(args, "RUN_ID"); err != nil {
@@ -163,6 +165,9 @@ func (c *cli) applySnapshotFlags(f specFlags, spec *v1.RunSpec) error {
 	}
 	if set["max-loss"] {
 		res.MaxLossSeconds = f.maxLoss.Seconds()
+	}
+	if set["safety-saves"] {
+		res.SafetySaves = f.safetySaves
 	}
 	return nil
 }

@@ -147,6 +147,8 @@ func actionWord(a v1.StepAction) string {
 		return "saved and stopped"
 	case v1.StepAction_STEP_ACTION_STOP:
 		return "stopped"
+	case v1.StepAction_STEP_ACTION_SAVE_AND_CONTINUE:
+		return "saved and continued (a safety save)"
 	}
 	return a.String()
 }

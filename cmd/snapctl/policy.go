@@ -34,7 +34,12 @@ func describePolicy(r *v1.Run) string {
 		if tau == 0 {
 			tau, def = deadline.DefaultTau.Seconds(), " (the default)"
 		}
-		return fmt.Sprintf("expected loss, τ %s%s: a step saves once saving now is expected to lose no more than one more step", span(time.Duration(tau*float64(time.Second))), def)
+		safety := ""
+		if res.GetSafetySaves() {
+			safety = ", with safety saves (save and continue)"
+		}
+		return fmt.Sprintf("expected loss, τ %s%s%s: a step saves once saving now is expected to lose no more than one more step",
+			span(time.Duration(tau*float64(time.Second))), def, safety)
 	case v1.ReservePolicy_RESERVE_POLICY_MAX:
 		return "max: a step saves once now + I + C + R + M reaches B"
 	}
@@ -57,9 +62,13 @@ func describeLosses(in *v1.Deadline) string {
 	if in.ExpectedLossNowSeconds == nil {
 		return ""
 	}
-	return fmt.Sprintf("saving now %.1f min (P(miss) %s), one more step %.1f min (P(miss) %s)",
+	out := fmt.Sprintf("saving now %.1f min (P(miss) %s), one more step %.1f min (P(miss) %s)",
 		in.GetExpectedLossNowSeconds()/60, percent(in.GetMissProbabilityNow()),
 		in.GetExpectedLossNextSeconds()/60, percent(in.GetMissProbabilityNext()))
+	if in.ExpectedLossSafetySeconds != nil {
+		out += fmt.Sprintf(", a safety save first %.1f min", in.GetExpectedLossSafetySeconds()/60)
+	}
+	return out
 }
 
 func percent(p float64) string {

@@ -14,16 +14,16 @@ import (
 func TestRunCreateExpectedLoss(t *testing.T) {
 	s := startServer(t)
 	tok := s.createRun("el", "--world-size", "1", "--budget", "00:00:01:00", "--policy", "expected-loss",
-		"--max-loss", "10m", "--checkpoint-every", "5", "--expected-checkpoint", "10", "--expected-snapshot", "5", "--margin", "1")
+		"--max-loss", "10m", "--checkpoint-every", "5", "--safety-saves", "--expected-checkpoint", "10", "--expected-snapshot", "5", "--margin", "1")
 	var run v1.Run
 	s.getJSON(&run, "run", "get", "el")
 	res := run.GetSpec().GetReserve()
-	if res.GetPolicy() != v1.ReservePolicy_RESERVE_POLICY_EXPECTED_LOSS || res.GetMaxLossSeconds() != 600 ||
+	if res.GetPolicy() != v1.ReservePolicy_RESERVE_POLICY_EXPECTED_LOSS || res.GetMaxLossSeconds() != 600 || !res.GetSafetySaves() ||
 		run.GetSpec().GetCheckpointing().GetCheckpointEverySteps() != 5 {
 		t.Fatalf("spec %v, want EXPECTED_LOSS, τ 600 s, checkpoint_every_steps 5", run.GetSpec())
 	}
 	out := s.ok("run", "get", "el")
-	for _, want := range []string{"expected loss, τ 10 min", "at their longest: I 0 s, C 25 s", "no step completing before then saves and stops; one completing later may", "last durable save"} {
+	for _, want := range []string{"expected loss, τ 10 min, with safety saves", "at their longest: I 0 s, C 25 s", "no step completing before then saves and stops; one completing later may", "last durable save"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("run get lacks %q:\n%s", want, out)
 		}
@@ -62,6 +62,7 @@ func TestRunCreatePolicyErrors(t *testing.T) {
 		{[]string{"--policy", "expected-loss", "--max-loss", "600"}, exitUsage, "--max-loss"},
 		{[]string{"--max-loss", "10m"}, exitInvalid, "spec.reserve.max_loss_seconds"},
 		{[]string{"--checkpoint-every", "-1"}, exitInvalid, "checkpoint_every_steps"},
+		{[]string{"--safety-saves"}, exitInvalid, "spec.reserve.safety_saves"},
 	} {
 		args := append([]string{"run", "create", "bad", "--world-size", "1", "--budget", "1h"}, tc.args...)
 		if r := s.wantExit(tc.code, args...); !strings.Contains(r.stderr, tc.want) {

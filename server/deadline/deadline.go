@@ -81,7 +81,10 @@ func sum(terms ...float64) time.Duration {
 
 // Verdict is the outcome of the rule for one completed step.
 type Verdict struct {
-	Fire        bool
+	Fire bool
+	// SafetySave: continue, but save first (ExpectedLoss with SafetySaves;
+	// never with Fire).
+	SafetySave  bool
 	Explanation string
 	// Loss holds the expected-loss figures when the policy weighed them
 	// (ExpectedLoss, short of the worst case fitting); nil otherwise.
@@ -94,6 +97,10 @@ type Verdict struct {
 type Loss struct {
 	NowSeconds, NextSeconds float64
 	MissNow, MissNext       float64
+	// SafetySeconds: a safety save now, then one more step; meaningful
+	// only when Safety (the policy weighed one).
+	SafetySeconds float64
+	Safety        bool
 }
 
 // Policy turns observations into estimates and decisions.

@@ -94,9 +94,10 @@ type Assessment struct {
 // Verdict is the assessment as the engine records it, with the losses
 // weighed unless the worst case fit (or no iteration was measured).
 func (a Assessment) Verdict() Verdict {
-	v := Verdict{Fire: a.Fire, Explanation: a.Explanation}
+	v := Verdict{Fire: a.Fire, SafetySave: a.SafetySave, Explanation: a.Explanation}
 	if a.LossNowSeconds != 0 || a.LossNextSeconds != 0 {
-		v.Loss = &Loss{NowSeconds: a.LossNowSeconds, NextSeconds: a.LossNextSeconds, MissNow: a.MissNow, MissNext: a.MissNext}
+		v.Loss = &Loss{NowSeconds: a.LossNowSeconds, NextSeconds: a.LossNextSeconds, MissNow: a.MissNow, MissNext: a.MissNext,
+			SafetySeconds: a.LossSafetySeconds, Safety: a.LossSafetySeconds != 0}
 	}
 	return v
 }

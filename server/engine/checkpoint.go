@@ -136,7 +136,8 @@ func (m *mut) published(st *storagev1.StepRecord) {
 		m.startDeadlineSave(st.Step)
 		return
 	}
-	if r.fired() || !snapshotAfterCheckpoint(r.rec.Run.Spec) {
+	safety := m.safetyCheckpointPublished(st.Step)
+	if r.fired() || !snapshotAfterCheckpoint(r.rec.Run.Spec) && !safety {
 		return
 	}
 	if st.Step < newer {
@@ -149,6 +150,9 @@ func (m *mut) published(st *storagev1.StepRecord) {
 		return
 	}
 	m.trySnapshot(v1.SnapshotReason_SNAPSHOT_REASON_TRAINER_CHECKPOINT, st.Step)
+	if safety {
+		m.safetySnapshotIssued(st.Step)
+	}
 }
 
 func (m *mut) isFiredStep(step int64) bool {

@@ -19,7 +19,7 @@ import (
 // policyOf is the rule that decides r's steps.
 func (e *Engine) policyOf(r *runState) deadline.Policy {
 	if expectedLoss(r) {
-		return deadline.ExpectedLoss{TauSeconds: r.rec.Run.Spec.GetReserve().GetMaxLossSeconds()}
+		return deadline.ExpectedLoss{TauSeconds: r.rec.Run.Spec.GetReserve().GetMaxLossSeconds(), SafetySaves: safetySavesNow(r)}
 	}
 	return e.policy
 }
@@ -168,4 +168,7 @@ func withLoss(d *v1.Deadline, l *deadline.Loss) {
 	d.ExpectedLossNextSeconds = proto.Float64(l.NextSeconds)
 	d.MissProbabilityNow = proto.Float64(l.MissNow)
 	d.MissProbabilityNext = proto.Float64(l.MissNext)
+	if l.Safety {
+		d.ExpectedLossSafetySeconds = proto.Float64(l.SafetySeconds)
+	}
 }

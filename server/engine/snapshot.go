@@ -358,6 +358,7 @@ func (m *mut) completeSnapshot(s *v1.Snapshot, outcome v1.SnapshotOutcome, why s
 		m.recordReserve(m.reserveSeconds(s, reported))
 		m.durableOnSnapshot(s)
 	}
+	m.safetySnapshotCompleted(s)
 	if s.SnapshotId == r.rec.DeadlineSnapshotId {
 		m.finishDeadline(s)
 		return

@@ -53,6 +53,9 @@ func normalizeSpec(in *v1.RunSpec, now time.Time) (*v1.RunSpec, error) {
 	if err := checkPolicy(s); err != nil {
 		return nil, err
 	}
+	if err := checkSafetySaves(s); err != nil {
+		return nil, err
+	}
 	return s, nil
 }
 

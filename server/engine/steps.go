@@ -72,6 +72,7 @@ func (m *mut) completeStep(ctx context.Context, step int64, iterSeconds float64)
 	runID := m.r.id
 	m.observe(func(ctx context.Context) { m.e.obs.Decision(ctx, runID, step, d.Action) })
 	m.savedBeforeAsked(st)
+	m.safetySavedBeforeAsked(st)
 	return d, nil
 }
 
@@ -135,9 +136,13 @@ func (m *mut) decide(step int64) *v1.Decision {
 		withLoss(d.Inputs, v.Loss)
 		d.Explanation = v.Explanation
 		d.Action = v1.StepAction_STEP_ACTION_CONTINUE
-		if v.Fire {
+		switch {
+		case v.Fire:
 			d.Action = v1.StepAction_STEP_ACTION_SAVE_AND_STOP
 			m.fire(v1.DeadlineFireKind_DEADLINE_FIRE_KIND_STEP, step, v.Explanation)
+		case v.SafetySave:
+			d.Action = v1.StepAction_STEP_ACTION_SAVE_AND_CONTINUE
+			m.startSafetySave(step)
 		}
 	}
 	return d

@@ -615,8 +615,17 @@ type ReserveSpec struct {
 	// policy keeps P(miss) well under 1 % once it is at stake. 0 means the
 	// default, 1500 (25 min). Only with policy EXPECTED_LOSS. 0..2592000.
 	MaxLossSeconds float64 `protobuf:"fixed64,6,opt,name=max_loss_seconds,json=maxLossSeconds,proto3" json:"max_loss_seconds,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// With policy EXPECTED_LOSS: the policy may answer a step
+	// STEP_ACTION_SAVE_AND_CONTINUE (a safety save: a checkpoint and snapshot
+	// now, then more training) when that is expected to lose less than both
+	// continuing and stopping. Set it only when every trainer rank can
+	// checkpoint on demand with a client that knows that action. In
+	// simulation it cut the worst waste where a whole run was at stake, at
+	// the price of the time spent in safety saves (docs/simulation.md). Only
+	// with policy EXPECTED_LOSS, and not with checkpointing.deferred_finalize.
+	SafetySaves   bool `protobuf:"varint,7,opt,name=safety_saves,json=safetySaves,proto3" json:"safety_saves,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ReserveSpec) Reset() {
@@ -691,6 +700,13 @@ func (x *ReserveSpec) GetMaxLossSeconds() float64 {
 	return 0
 }
 
+func (x *ReserveSpec) GetSafetySaves() bool {
+	if x != nil {
+		return x.SafetySaves
+	}
+	return false
+}
+
 // Deadline shows B and the estimates the next decision will use.
 type Deadline struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -734,6 +750,10 @@ type Deadline struct {
 	ExpectedLossNextSeconds *float64 `protobuf:"fixed64,10,opt,name=expected_loss_next_seconds,json=expectedLossNextSeconds,proto3,oneof" json:"expected_loss_next_seconds,omitempty"`
 	MissProbabilityNow      *float64 `protobuf:"fixed64,11,opt,name=miss_probability_now,json=missProbabilityNow,proto3,oneof" json:"miss_probability_now,omitempty"`
 	MissProbabilityNext     *float64 `protobuf:"fixed64,12,opt,name=miss_probability_next,json=missProbabilityNext,proto3,oneof" json:"miss_probability_next,omitempty"`
+	// With reserve.safety_saves, when the policy weighed one: the expected
+	// loss, seconds, of a safety save now (its duration counted as lost)
+	// followed by one more step.
+	ExpectedLossSafetySeconds *float64 `protobuf:"fixed64,14,opt,name=expected_loss_safety_seconds,json=expectedLossSafetySeconds,proto3,oneof" json:"expected_loss_safety_seconds,omitempty"`
 	// With reserve.policy EXPECTED_LOSS: since when the work is at stake, the
 	// end of the newest save a restart could resume from (a published
 	// checkpoint, with its SAVED environment snapshot at turn/prefix level),
@@ -853,6 +873,13 @@ func (x *Deadline) GetMissProbabilityNow() float64 {
 func (x *Deadline) GetMissProbabilityNext() float64 {
 	if x != nil && x.MissProbabilityNext != nil {
 		return *x.MissProbabilityNext
+	}
+	return 0
+}
+
+func (x *Deadline) GetExpectedLossSafetySeconds() float64 {
+	if x != nil && x.ExpectedLossSafetySeconds != nil {
+		return *x.ExpectedLossSafetySeconds
 	}
 	return 0
 }
@@ -1080,7 +1107,7 @@ const file_snapcoord_v1_run_proto_rawDesc = "" +
 	"\x1c_snapshot_attempt_interval_sB!\n" +
 	"\x1f_snapshot_on_trainer_checkpoint\"]\n" +
 	"\x13RolloutRecoverySpec\x12F\n" +
-	"\ftarget_level\x18\x01 \x01(\x0e2\x19.snapcoord.v1.TargetLevelB\b\xbaH\x05\x82\x01\x02\x10\x01R\vtargetLevel\"\xf1\x03\n" +
+	"\ftarget_level\x18\x01 \x01(\x0e2\x19.snapcoord.v1.TargetLevelB\b\xbaH\x05\x82\x01\x02\x10\x01R\vtargetLevel\"\x94\x04\n" +
 	"\vReserveSpec\x12\"\n" +
 	"\x06window\x18\x01 \x01(\x05B\n" +
 	"\xbaH\a\x1a\x05\x18\xe8\a(\x00R\x06window\x12@\n" +
@@ -1088,9 +1115,10 @@ const file_snapcoord_v1_run_proto_rawDesc = "" +
 	"\x1bexpected_checkpoint_seconds\x18\x03 \x01(\x01B\x19\xbaH\x16\x12\x14@\x01\x19\x00\x00\x00\x00\x80\xc6CA)\x00\x00\x00\x00\x00\x00\x00\x00H\x00R\x19expectedCheckpointSeconds\x88\x01\x01\x12Z\n" +
 	"\x19expected_snapshot_seconds\x18\x04 \x01(\x01B\x19\xbaH\x16\x12\x14@\x01\x19\x00\x00\x00\x00\x80\xc6CA)\x00\x00\x00\x00\x00\x00\x00\x00H\x01R\x17expectedSnapshotSeconds\x88\x01\x01\x12=\n" +
 	"\x06policy\x18\x05 \x01(\x0e2\x1b.snapcoord.v1.ReservePolicyB\b\xbaH\x05\x82\x01\x02\x10\x01R\x06policy\x12C\n" +
-	"\x10max_loss_seconds\x18\x06 \x01(\x01B\x19\xbaH\x16\x12\x14@\x01\x19\x00\x00\x00\x00\x80\xc6CA)\x00\x00\x00\x00\x00\x00\x00\x00R\x0emaxLossSecondsB\x1e\n" +
+	"\x10max_loss_seconds\x18\x06 \x01(\x01B\x19\xbaH\x16\x12\x14@\x01\x19\x00\x00\x00\x00\x80\xc6CA)\x00\x00\x00\x00\x00\x00\x00\x00R\x0emaxLossSeconds\x12!\n" +
+	"\fsafety_saves\x18\a \x01(\bR\vsafetySavesB\x1e\n" +
 	"\x1c_expected_checkpoint_secondsB\x1c\n" +
-	"\x1a_expected_snapshot_seconds\"\xd7\x06\n" +
+	"\x1a_expected_snapshot_seconds\"\xbe\a\n" +
 	"\bDeadline\x12<\n" +
 	"\fmust_save_by\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"mustSaveBy\x12+\n" +
@@ -1105,13 +1133,15 @@ const file_snapcoord_v1_run_proto_rawDesc = "" +
 	"\x1aexpected_loss_next_seconds\x18\n" +
 	" \x01(\x01H\x02R\x17expectedLossNextSeconds\x88\x01\x01\x125\n" +
 	"\x14miss_probability_now\x18\v \x01(\x01H\x03R\x12missProbabilityNow\x88\x01\x01\x127\n" +
-	"\x15miss_probability_next\x18\f \x01(\x01H\x04R\x13missProbabilityNext\x88\x01\x01\x12F\n" +
+	"\x15miss_probability_next\x18\f \x01(\x01H\x04R\x13missProbabilityNext\x88\x01\x01\x12D\n" +
+	"\x1cexpected_loss_safety_seconds\x18\x0e \x01(\x01H\x05R\x19expectedLossSafetySeconds\x88\x01\x01\x12F\n" +
 	"\x11last_durable_save\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\x0flastDurableSaveB\x17\n" +
 	"\x15_regular_save_secondsB\x1c\n" +
 	"\x1a_expected_loss_now_secondsB\x1d\n" +
 	"\x1b_expected_loss_next_secondsB\x17\n" +
 	"\x15_miss_probability_nowB\x18\n" +
-	"\x16_miss_probability_next\"\xf8\x05\n" +
+	"\x16_miss_probability_nextB\x1f\n" +
+	"\x1d_expected_loss_safety_seconds\"\xf8\x05\n" +
 	"\x03Run\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12,\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x16.snapcoord.v1.RunStateR\x05state\x12)\n" +

@@ -83,8 +83,11 @@ type RunRecord struct {
 	LastDurableStep int64                  `protobuf:"varint,23,opt,name=last_durable_step,json=lastDurableStep,proto3" json:"last_durable_step,omitempty"`
 	// When the checkpoint of run.last_published_step was published.
 	LastPublishedAt *timestamppb.Timestamp `protobuf:"bytes,24,opt,name=last_published_at,json=lastPublishedAt,proto3" json:"last_published_at,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The step of the safety save in flight (SAVE_AND_CONTINUE), until its
+	// checkpoint (and, at turn/prefix level, its snapshot) completes; 0: none.
+	SafetySaveStep int64 `protobuf:"varint,25,opt,name=safety_save_step,json=safetySaveStep,proto3" json:"safety_save_step,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *RunRecord) Reset() {
@@ -285,6 +288,13 @@ func (x *RunRecord) GetLastPublishedAt() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *RunRecord) GetSafetySaveStep() int64 {
+	if x != nil {
+		return x.SafetySaveStep
+	}
+	return 0
+}
+
 // StepRecord is one training step: its decision and its checkpoint.
 type StepRecord struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -389,7 +399,8 @@ var File_snapcoord_storage_v1_storage_proto protoreflect.FileDescriptor
 
 const file_snapcoord_storage_v1_storage_proto_rawDesc = "" +
 	"\n" +
-	"\"snapcoord/storage/v1/storage.proto\x12\x14snapcoord.storage.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18snapcoord/v1/event.proto\x1a\x16snapcoord/v1/run.proto\"\xde\t\n" +
+	"\"snapcoord/storage/v1/storage.proto\x12\x14snapcoord.storage.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18snapcoord/v1/event.proto\x1a\x16snapcoord/v1/run.proto\"\x88\n" +
+	"\n" +
 	"\tRunRecord\x12#\n" +
 	"\x03run\x18\x01 \x01(\v2\x11.snapcoord.v1.RunR\x03run\x12<\n" +
 	"\x0erequested_spec\x18\x02 \x01(\v2\x15.snapcoord.v1.RunSpecR\rrequestedSpec\x12\x1d\n" +
@@ -416,7 +427,8 @@ const file_snapcoord_storage_v1_storage_proto_rawDesc = "" +
 	"\x15recent_iteration_step\x18\x15 \x01(\x03R\x13recentIterationStep\x12F\n" +
 	"\x11last_durable_save\x18\x16 \x01(\v2\x1a.google.protobuf.TimestampR\x0flastDurableSave\x12*\n" +
 	"\x11last_durable_step\x18\x17 \x01(\x03R\x0flastDurableStep\x12F\n" +
-	"\x11last_published_at\x18\x18 \x01(\v2\x1a.google.protobuf.TimestampR\x0flastPublishedAt\"\x87\x02\n" +
+	"\x11last_published_at\x18\x18 \x01(\v2\x1a.google.protobuf.TimestampR\x0flastPublishedAt\x12(\n" +
+	"\x10safety_save_step\x18\x19 \x01(\x03R\x0esafetySaveStep\"\x87\x02\n" +
 	"\n" +
 	"StepRecord\x12\x12\n" +
 	"\x04step\x18\x01 \x01(\x03R\x04step\x122\n" +

@@ -59,23 +59,25 @@ func benchSpec(policy v1.ReservePolicy) *v1.RunSpec {
 
 // BenchmarkDecide: far from B (the worst case fits) and near it, where
 // ExpectedLoss weighs the losses; with a regular save to follow the step
-// (checkpoint_every_steps 41), its costliest case. Worst case for the
-// issue's bar: under 100 µs.
+// (checkpoint_every_steps 41) or with safety saves, its costliest cases. The bar for the worst case: under 100 µs.
 func BenchmarkDecide(b *testing.B) {
 	for _, bc := range []struct {
 		name   string
 		policy v1.ReservePolicy
 		every  int32
+		safety bool
 		before time.Duration
 	}{
-		{"Max/far", v1.ReservePolicy_RESERVE_POLICY_UNSPECIFIED, 0, time.Hour},
-		{"ExpectedLoss/far", v1.ReservePolicy_RESERVE_POLICY_EXPECTED_LOSS, 0, time.Hour},
-		{"ExpectedLoss/near", v1.ReservePolicy_RESERVE_POLICY_EXPECTED_LOSS, 0, 330 * time.Second},
-		{"ExpectedLoss/near-regular-save", v1.ReservePolicy_RESERVE_POLICY_EXPECTED_LOSS, 41, 500 * time.Second},
+		{"Max/far", v1.ReservePolicy_RESERVE_POLICY_UNSPECIFIED, 0, false, time.Hour},
+		{"ExpectedLoss/far", v1.ReservePolicy_RESERVE_POLICY_EXPECTED_LOSS, 0, false, time.Hour},
+		{"ExpectedLoss/near", v1.ReservePolicy_RESERVE_POLICY_EXPECTED_LOSS, 0, false, 330 * time.Second},
+		{"ExpectedLoss/near-regular-save", v1.ReservePolicy_RESERVE_POLICY_EXPECTED_LOSS, 41, false, 500 * time.Second},
+		{"ExpectedLoss/near-safety-saves", v1.ReservePolicy_RESERVE_POLICY_EXPECTED_LOSS, 0, true, 400 * time.Second},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			spec := benchSpec(bc.policy)
 			spec.Checkpointing.CheckpointEverySteps = bc.every
+			spec.Reserve.SafetySaves = bc.safety
 			benchDecide(b, spec, bc.before)
 		})
 	}

@@ -236,3 +236,46 @@ func TestMaxLossNeedsExpectedLoss(t *testing.T) {
 	_, err := h.e.CreateRun(h.ctx, &v1.CreateRunRequest{RunId: "r", Spec: spec})
 	wantErr(t, err, ErrInvalidArgument, "spec.reserve.max_loss_seconds")
 }
+
+// What counts as the last durable save: at turn level a published
+// checkpoint only once a snapshot of it is SAVED, as of its publication
+// when that is an interval snapshot (the trainers went on meanwhile); at
+// prompt-group level the published checkpoint alone.
+func TestLastDurableSave(t *testing.T) {
+	h := newHarnessWith(t, Options{HeartbeatInterval: time.Minute})
+	turn := turnSpec(1, "00:01:00:00")
+	turn.RolloutCheckpointing = &v1.RolloutCheckpointingSpec{SnapshotOnTrainerCheckpoint: ptr(false), SnapshotAttemptIntervalS: ptr[int32](60)}
+	turn.Reserve = &v1.ReserveSpec{Policy: v1.ReservePolicy_RESERVE_POLICY_EXPECTED_LOSS}
+	group := turnSpec(1, "00:01:00:00")
+	group.RolloutRecovery.TargetLevel = v1.TargetLevel_TARGET_LEVEL_PROMPT_GROUP
+	group.Reserve = &v1.ReserveSpec{Policy: v1.ReservePolicy_RESERVE_POLICY_EXPECTED_LOSS}
+	h.create("turn", turn)
+	h.create("group", group)
+	tr, te := h.trainers("turn", 1), h.envs("turn", 1)
+	gr := h.trainers("group", 1)
+	durable := func(run string) time.Time { return h.get(run).Deadline.LastDurableSave.AsTime() }
+
+	h.advance(20*time.Second, "turn", append(tr, te...)...)
+	h.beat("group", gr...)
+	h.stepAll("turn", tr, 1, 20)
+	h.stepAll("group", gr, 1, 20)
+	h.checkpoint("turn", tr, 1, v1.CheckpointPhase_CHECKPOINT_PHASE_SAVED, 5)
+	h.checkpoint("group", gr, 1, v1.CheckpointPhase_CHECKPOINT_PHASE_SAVED, 5)
+	published := h.clk.Now()
+	if got := durable("group"); !got.Equal(published) {
+		t.Fatalf("prompt-group level: last durable save %v, want the publication %v", got, published)
+	}
+	if got := durable("turn"); !got.Equal(t0) {
+		t.Fatalf("turn level before any snapshot: last durable save %v, want the run's start %v", got, t0)
+	}
+	h.advance(40*time.Second, "turn", append(tr, te...)...) // the interval snapshot, anchored to step 1
+	s := h.lastSnapshot("turn")
+	if s.Reason != v1.SnapshotReason_SNAPSHOT_REASON_INTERVAL || s.AnchorStep != 1 {
+		t.Fatalf("snapshot %v, want an interval one anchored to step 1", s)
+	}
+	h.advance(10*time.Second, "turn", append(tr, te...)...)
+	h.reportAll("turn", te, s.SnapshotId, v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SAVED)
+	if got := durable("turn"); !got.Equal(published) {
+		t.Fatalf("turn level after the interval snapshot: last durable save %v, want the checkpoint's publication %v", got, published)
+	}
+}

@@ -262,7 +262,7 @@ func dial(t *testing.T, addr, token string) *grpc.ClientConn {
 }
 
 // bearer sends `authorization: Bearer <run token>` with every call, the
-// WorkerService credential of DESIGN.md. An interceptor rather than per-RPC
+// WorkerService credential of docs/design.md. An interceptor rather than per-RPC
 // credentials: grpc-go refuses those on a plaintext connection.
 type bearer string
 

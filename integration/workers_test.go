@@ -18,7 +18,7 @@ import (
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 )
 
-// reader is one worker's command receiver, written the way DESIGN.md tells
+// reader is one worker's command receiver, written the way docs/design.md tells
 // a worker to be: a stream that, after UNAVAILABLE (a coordinator restart
 // or drain), reopens from the last sequence number it saw; or a long-poll
 // loop that advances after_seq. It ends at Stop. It checks the delivery

@@ -1,4 +1,4 @@
-// Package deadline holds the save rule of DESIGN.md: the estimates I, C, R, M
+// Package deadline holds the save rule of docs/design.md: the estimates I, C, R, M
 // and the decision now + I + C + R + M >= B; at a step the trainer follows
 // with a regular save, now + S + I + C + R + M >= B. It is pure (no clock,
 // no I/O) and sits behind the Policy interface so that a risk-aware rule
@@ -117,7 +117,7 @@ type Policy interface {
 	PreStepFiresAt(mustSaveBy time.Time, est Estimates) time.Time
 }
 
-// Max is the rule of DESIGN.md: every estimate is the largest duration
+// Max is the rule of docs/design.md: every estimate is the largest duration
 // recorded so far ("a single slow iteration cannot run past the deadline").
 type Max struct{}
 

@@ -460,7 +460,7 @@ func (s *sim) report(sn *simSnap, w string, outcome v1.SnapshotOutcome, took tim
 		return
 	}
 	sn.done = true
-	// The snapshot's outcome as DESIGN.md defines it; only SAVED feeds R.
+	// The snapshot's outcome as docs/design.md defines it; only SAVED feeds R.
 	if slices.Contains(sn.outcomes, v1.SnapshotOutcome_SNAPSHOT_OUTCOME_IO_ERROR) ||
 		!slices.Contains(sn.outcomes, v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SAVED) ||
 		sn.deadline && slices.Contains(sn.outcomes, v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SKIPPED) {

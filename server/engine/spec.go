@@ -13,7 +13,7 @@ import (
 // maxStartedAtSkew bounds how far spec.started_at may be from now.
 const maxStartedAtSkew = 366 * 24 * time.Hour
 
-// Spec defaults (DESIGN.md).
+// Spec defaults (docs/design.md).
 const (
 	defaultMaxConsecutiveFailures = 3
 	defaultSnapshotTimeoutS       = 600

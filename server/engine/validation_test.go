@@ -11,7 +11,7 @@ import (
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 )
 
-// One row per rule of DESIGN.md "Validation" (the rules that span fields;
+// One row per rule of docs/design.md "Validation" (the rules that span fields;
 // single-field bounds and enum values are protovalidate's, in the transport).
 func TestCreateRunValidation(t *testing.T) {
 	const (

@@ -183,7 +183,7 @@ const (
 	// Save once saving now is expected to lose no more than saving after one
 	// more step, from bounded histories of the iterations, checkpoints and
 	// snapshots and the work at stake since the last durable save (see
-	// docs/design-notes.md). Deadline.fires_at is then the earliest a step can
+	// docs/design.md). Deadline.fires_at is then the earliest a step can
 	// get SAVE_AND_STOP, not the time it will.
 	ReservePolicy_RESERVE_POLICY_EXPECTED_LOSS ReservePolicy = 2
 )

@@ -157,8 +157,8 @@ $(VULNDB_DIR)/index/db.json:
 vuln: $(VULNDB_DIR)/index/db.json ## govulncheck against the pinned local vulnerability database.
 	scripts/govulncheck.sh 'file://$(CURDIR)/$(VULNDB_DIR)' ./...
 
-e2e: build ## Start bin/snapcoord and run the README's grpcurl examples against it.
-	SNAPCOORD_BIN=bin/snapcoord scripts/e2e-grpcurl.sh
+e2e: build ## Start bin/snapcoord; run docs/grpcurl.md and the README quick start against it.
+	SNAPCOORD_BIN=bin/snapcoord SNAPCTL_BIN=bin/snapctl scripts/e2e-grpcurl.sh
 
 # ui-check: the status page in a real browser (Debian's chromium, installed
 # when missing). Screenshots and DOM dumps go to .cache/ui-check/.

@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
 # End-to-end check of a real snapcoord process, driven with grpcurl.
 #
-# The grpcurl commands below are the examples of README.md, section
-# "Talk to it with grpcurl", with 127.0.0.1:7070 replaced by "$addr".
-# Keep the two in step by hand: change one, change the other.
+# The grpcurl commands below are the examples of docs/grpcurl.md, in its
+# order, with 127.0.0.1:7070 replaced by "$addr"; the snapctl commands are
+# README.md's quick start. Keep them in step by hand: change one, change the
+# other (the drift checks below fail when a documented command is not here).
 #
 # Starts `snapcoord serve` on a free loopback port with a temporary data
 # directory, waits for grpc.health.v1.Health to report SERVING, runs the
 # examples and checks their output (plain grep, no jq), restarts the server on
-# the same data directory (SIGTERM, then SIGKILL) and checks the run survived.
+# the same data directory (SIGTERM, then SIGKILL) and checks the run survived,
+# then runs the README's snapctl quick start against it.
 #
 # Environment:
 #   SNAPCOORD_BIN  the snapcoord binary (default: build ./cmd/snapcoord into bin/)
+#   SNAPCTL_BIN    the snapctl binary (default: build ./cmd/snapctl into bin/)
 #   GRPCURL_BIN    a grpcurl binary (default: build the one pinned in tools/lint)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -26,10 +29,15 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/snapcoord-e2e.XXXXXX")
 data="$work/data"
 : >"$work/server.log"
 server_pid=""
+sidecar_pid=""
 addr=""
 
 cleanup() {
 	local status=$?
+	if [ -n "$sidecar_pid" ]; then
+		kill -KILL "$sidecar_pid" 2>/dev/null || true
+		{ wait "$sidecar_pid"; } 2>/dev/null || true
+	fi
 	if [ -n "$server_pid" ]; then
 		kill -KILL "$server_pid" 2>/dev/null || true
 		{ wait "$server_pid"; } 2>/dev/null || true
@@ -38,24 +46,37 @@ cleanup() {
 		echo "--- server log (last 60 lines) ---" >&2
 		tail -n 60 "$work/server.log" >&2
 	fi
+	if [ "$status" -ne 0 ] && [ -s "$work/sidecar.log" ]; then
+		echo "--- sidecar log ---" >&2
+		cat "$work/sidecar.log" >&2
+	fi
 	rm -rf "$work"
 	exit "$status"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-# --- the README's examples are the ones below ----------------------------------
-# Not generated, only checked: every `grpcurl -plaintext` line of the README,
-# with the address replaced by "$addr", must appear verbatim in this script.
+# --- the documented commands are the ones below --------------------------------
+# Not generated, only checked: every `grpcurl -plaintext` line of
+# docs/grpcurl.md, with the address replaced by "$addr", and every `snapctl`
+# or Python line of README.md's quick start (with /tmp/ckpt replaced by
+# "$work/ckpt") must appear verbatim in this script.
 drift=0
 while IFS= read -r cmd; do
 	cmd=${cmd//127.0.0.1:7070/\"\$addr\"}
 	if ! grep -qF -- "$cmd" "${BASH_SOURCE[0]}"; then
-		echo "e2e: README example not run by this script: $cmd" >&2
+		echo "e2e: docs/grpcurl.md example not run by this script: $cmd" >&2
 		drift=1
 	fi
-done < <(grep -E '^grpcurl -plaintext ' README.md)
-[ "$drift" -eq 0 ] || fail "README.md and scripts/e2e-grpcurl.sh differ: keep them in step"
+done < <(grep -E '^grpcurl -plaintext ' docs/grpcurl.md)
+while IFS= read -r cmd; do
+	cmd=${cmd//\/tmp\/ckpt/\"\$work\/ckpt\"}
+	if ! grep -qF -- "$cmd" "${BASH_SOURCE[0]}"; then
+		echo "e2e: README.md quick-start command not run by this script: $cmd" >&2
+		drift=1
+	fi
+done < <(sed -n '/^## Quick start/,/^## /p' README.md | grep -E '^(eval "\$\(snapctl|snapctl |SNAPCOORD_[A-Z_]+=|  /usr/bin/python3 )')
+[ "$drift" -eq 0 ] || fail "the documented commands and scripts/e2e-grpcurl.sh differ: keep them in step"
 
 # --- binaries ---------------------------------------------------------------
 if [ -z "${SNAPCOORD_BIN:-}" ]; then
@@ -64,6 +85,15 @@ if [ -z "${SNAPCOORD_BIN:-}" ]; then
 	SNAPCOORD_BIN=bin/snapcoord
 fi
 [ -x "$SNAPCOORD_BIN" ] || fail "$SNAPCOORD_BIN is not an executable (is cmd/snapcoord written yet?)"
+if [ -z "${SNAPCTL_BIN:-}" ]; then
+	say "building bin/snapctl"
+	go build -o bin/ ./cmd/snapctl
+	SNAPCTL_BIN=bin/snapctl
+fi
+[ -x "$SNAPCTL_BIN" ] || fail "$SNAPCTL_BIN is not an executable"
+# The quick start calls it by name, as `make build` users have it on PATH.
+mkdir "$work/bin"
+ln -s "$(realpath "$SNAPCTL_BIN")" "$work/bin/snapctl"
 if [ -z "${GRPCURL_BIN:-}" ]; then
 	say "building grpcurl (pinned in tools/lint/go.mod)"
 	go build -modfile=tools/lint/go.mod -o "$work/grpcurl" github.com/fullstorydev/grpcurl/cmd/grpcurl
@@ -214,7 +244,8 @@ for rpc in CreateRun GetRun ListRuns UpdateDeadline TriggerDeadline CancelRun Wa
 done
 
 say "CreateRun"
-out=$(grpcurl -plaintext -d '{"run_id":"grpo-7b-0042","spec":{"trainer_world_size":8,"checkpointing":{"checkpoint_must_save_by":"00:03:45:00"},"rollout_checkpointing":{"snapshot_attempt_interval_s":300},"rollout_recovery":{"target_level":"TARGET_LEVEL_TURN"},"reserve":{"window":5,"margin_seconds":30,"expected_checkpoint_seconds":120,"expected_snapshot_seconds":60}}}' "$addr" snapcoord.v1.RunService/CreateRun)
+created=$(grpcurl -plaintext -d '{"run_id":"grpo-7b-0042","spec":{"trainer_world_size":8,"checkpointing":{"checkpoint_must_save_by":"00:03:45:00"},"rollout_checkpointing":{"snapshot_attempt_interval_s":300},"rollout_recovery":{"target_level":"TARGET_LEVEL_TURN"},"reserve":{"window":5,"margin_seconds":30,"expected_checkpoint_seconds":120,"expected_snapshot_seconds":60}}}' "$addr" snapcoord.v1.RunService/CreateRun)
+out=$created
 show "$out"
 expect "$out" '"run_?[iI]d": "grpo-7b-0042"' "CreateRun returns the run"
 expect "$out" '"run_?[tT]oken": "[^"]+"' "CreateRun returns a run token"
@@ -234,6 +265,32 @@ show "$out"
 expect "$out" 'Code: InvalidArgument' "invalid CreateRun"
 expect "$out" 'Message: .*checkpoint_must_save_by' "invalid CreateRun names the field"
 
+# The trainer-rank part of the walk-through, with the token CreateRun printed.
+TOKEN=$(sed -n 's/.*"run_\{0,1\}[tT]oken": "\([^"]*\)".*/\1/p' <<<"$created")
+[ -n "$TOKEN" ] || fail "no run token in CreateRun's answer"
+
+say "RegisterWorker"
+out=$(grpcurl -plaintext -H "authorization: Bearer $TOKEN" -d '{"run_id":"grpo-7b-0042","role":"WORKER_ROLE_TRAINER","name":"rank-0","rank":0}' "$addr" snapcoord.v1.WorkerService/RegisterWorker)
+show "$out"
+expect "$out" '"worker_?[iI]d": "w1-b74c5337130f"' "RegisterWorker returns the documented worker id"
+expect "$out" '"incarnation": "1"' "RegisterWorker returns the first incarnation"
+
+say "CompleteStep 1"
+out=$(grpcurl -plaintext -H "authorization: Bearer $TOKEN" -d '{"run_id":"grpo-7b-0042","worker_id":"w1-b74c5337130f","step":1,"iteration_seconds":41.5}' "$addr" snapcoord.v1.WorkerService/CompleteStep)
+show "$out"
+expect "$out" '"action": "STEP_ACTION_CONTINUE"' "step 1 continues"
+expect "$out" '\(41\.5 \+ 120 \+ 60 \+ 30 s\)' "step 1's explanation shows I, C, R and M"
+
+say "TriggerDeadline"
+out=$(grpcurl -plaintext -d '{"run_id":"grpo-7b-0042","reason":"walk-through"}' "$addr" snapcoord.v1.RunService/TriggerDeadline)
+show "$out"
+expect "$out" '"run_?[iI]d": "grpo-7b-0042"' "TriggerDeadline returns the run"
+
+say "CompleteStep 2"
+out=$(grpcurl -plaintext -H "authorization: Bearer $TOKEN" -d '{"run_id":"grpo-7b-0042","worker_id":"w1-b74c5337130f","step":2,"iteration_seconds":41.5}' "$addr" snapcoord.v1.WorkerService/CompleteStep)
+show "$out"
+expect "$out" '"action": "STEP_ACTION_SAVE_AND_STOP"' "step 2, after the trigger, saves and stops"
+
 # Durability: the run must survive a clean restart and a kill -9.
 for sig in TERM KILL; do
 	say "restart after SIG$sig on the same data directory"
@@ -244,6 +301,61 @@ for sig in TERM KILL; do
 	expect "$out" '"run_?[iI]d": "grpo-7b-0042"' "GetRun after SIG$sig and restart"
 	expect "$out" '"trainer_?[wW]orld_?[sS]ize": 8' "GetRun after SIG$sig and restart returns the spec"
 done
+
+# --- README.md's quick start, with snapctl -------------------------------------
+say "README quick start"
+export PATH="$work/bin:$PATH" SNAPCOORD_ADDR="$addr"
+eval "$(snapctl run create demo --world-size 1 --budget 10m --target-level turn)"
+[ "${SNAPCOORD_RUN_ID:-}" = demo ] && [ -n "${SNAPCOORD_RUN_TOKEN:-}" ] ||
+	fail "run create did not export SNAPCOORD_RUN_ID and SNAPCOORD_RUN_TOKEN"
+{ snapctl sidecar --name env0 --on-snapshot 'echo saving $SNAPCOORD_SNAPSHOT_ID' & } >"$work/sidecar.log" 2>&1
+sidecar_pid=$!
+# A reader types the next command after the sidecar said it registered;
+# the script waits for the same (at most 100 checks 0.1 s apart).
+for _ in $(seq 1 100); do
+	grep -q 'msg=registered' "$work/sidecar.log" && break
+	kill -0 "$sidecar_pid" 2>/dev/null || fail "snapctl sidecar exited before it registered"
+	sleep 0.1
+done
+grep -q 'msg=registered' "$work/sidecar.log" || fail "snapctl sidecar did not register"
+out=$(snapctl run get demo)
+show "$out"
+expect "$out" 'state +PENDING' "run get shows the new run"
+out=$(snapctl run trigger demo --reason "quick start")
+show "$out"
+out=$(snapctl run watch demo) || fail "run watch demo exited $? (the run did not end STOPPED)"
+show "$out"
+expect "$out" 'ended STOPPED' "run watch sees the run stop"
+rc=0
+wait "$sidecar_pid" || rc=$?
+sidecar_pid=""
+[ "$rc" -eq 0 ] || fail "snapctl sidecar exited $rc after the run stopped"
+expect "$(cat "$work/sidecar.log")" '^saving snap-1$' "the sidecar ran its hook for the deadline snapshot"
+out=$(snapctl snapshots demo)
+show "$out"
+expect "$out" 'snap-1 +deadline +0 +true .* SAVED' "the deadline snapshot was saved"
+out=$(snapctl events demo)
+show "$out"
+expect "$out" 'STOPPED: deadline save complete' "the events tell the deadline save"
+
+# The Python trainer of the quick start needs Debian's python3-grpcio and
+# python3-protobuf, which `make test` installs; without them it is skipped,
+# and says so.
+if /usr/bin/python3 -c 'import grpc, google.protobuf' 2>/dev/null; then
+	say "README quick start: a Python trainer"
+	eval "$(snapctl run create toy --world-size 1 --budget 20s --checkpoint-every 5)"
+	out=$(SNAPCOORD_PLAINTEXT=true PYTHONPATH=client/python \
+  /usr/bin/python3 client/python/examples/toy_grpo.py --checkpoint-dir "$work/ckpt" 2>&1) ||
+		fail "toy_grpo.py exited $?: $(tail -n 5 <<<"$out")"
+	show "$(tail -n 3 <<<"$out")"
+	expect "$out" 'SAVE_AND_STOP' "the toy trainer was told to save and stop"
+	expect "$out" 'stopped: STOPPED: deadline save complete' "the toy trainer's run stopped after its deadline save"
+	out=$(snapctl run explain toy)
+	show "$out"
+	expect "$out" 'saved and stopped' "run explain tells why the run saved"
+else
+	say "SKIP the README's Python trainer: /usr/bin/python3 lacks grpc or protobuf (make test installs them)"
+fi
 
 stop_server TERM
 say "PASS"

@@ -11,7 +11,7 @@ import (
 	"github.com/snapcoord/snapcoord/cmd/internal/durations"
 )
 
-// Exit statuses, documented in `snapctl help` and README.md.
+// Exit statuses, documented in `snapctl help` and docs/snapctl.md.
 const (
 	exitOK          = 0
 	exitFailure     = 1

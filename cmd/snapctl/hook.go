@@ -15,7 +15,7 @@ import (
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 )
 
-// Hook exit statuses (README.md, "snapctl sidecar"): 0 saved, these two,
+// Hook exit statuses (docs/sidecar.md): 0 saved, these two,
 // anything else an I/O error; a hook killed at its deadline timed out.
 const (
 	hookExitSkipped   = 3

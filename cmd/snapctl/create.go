@@ -33,8 +33,8 @@ func setupRunCreate(fs *flag.FlagSet, c *cli) func(context.Context, []string) er
 	fs.StringVar(&f.fromNemoRL, "from-nemo-rl", "", "read the spec from a NeMo RL YAML config `file` (flags given too win)")
 	fs.IntVar(&f.worldSize, "world-size", 0, "number of trainer ranks (required)")
 	fs.StringVar(&f.budget, "budget", "", "budget `DD:HH:MM:SS` from --started-at")
-	fs.StringVar(&f.mustSaveBy, "must-save-by", "", "absolute deadline B: RFC 3339 `time`, \"slurm\" (SLURM_JOB_END_TIME) or \"slurm-10m\"")
-	fs.StringVar(&f.startedAt, "started-at", "", "when the budget clock starts: RFC 3339 `time` or \"slurm\" (SLURM_JOB_START_TIME); default now")
+	fs.StringVar(&f.mustSaveBy, "must-save-by", "", "absolute deadline B: RFC 3339 `time`, \"slurm\" (the job's end, from squeue) or \"slurm-10m\"")
+	fs.StringVar(&f.startedAt, "started-at", "", "when the budget clock starts: RFC 3339 `time` or \"slurm\" (the job's start, from squeue); default now")
 	fs.BoolVar(&f.deferredFinalize, "deferred-finalize", false, "checkpoints are published after they are saved (PublishCheckpoint)")
 	fs.IntVar(&f.snapshotInterval, "snapshot-interval", 0, "also snapshot every this many `seconds`")
 	fs.BoolVar(&f.snapshotOnCheckpoint, "snapshot-on-trainer-checkpoint", true, "at turn/prefix level, snapshot after every published checkpoint")
@@ -91,14 +91,14 @@ func (c *cli) applyDeadlineFlags(f specFlags, spec *v1.RunSpec) error {
 		ck.CheckpointMustSaveBy, ck.MustSaveBy = f.budget, nil
 	}
 	if c.setFlags["must-save-by"] {
-		b, err := c.parseTime("must-save-by", f.mustSaveBy, slurmEnd)
+		b, err := c.parseTime("must-save-by", f.mustSaveBy, slurmEnd, false)
 		if err != nil {
 			return err
 		}
 		ck.CheckpointMustSaveBy, ck.MustSaveBy = "", b
 	}
 	if c.setFlags["started-at"] {
-		t, err := c.parseTime("started-at", f.startedAt, slurmStart)
+		t, err := c.parseTime("started-at", f.startedAt, slurmStart, false)
 		if err != nil {
 			return err
 		}

@@ -77,7 +77,7 @@ func setupRunCancel(fs *flag.FlagSet, c *cli) func(context.Context, []string) er
 
 func setupRunExtend(fs *flag.FlagSet, c *cli) func(context.Context, []string) error {
 	budget := fs.String("budget", "", "new budget `DD:HH:MM:SS` from the run's started_at")
-	mustSaveBy := fs.String("must-save-by", "", "new B: RFC 3339 `time`, \"slurm\" (SLURM_JOB_END_TIME, after the job was extended) or \"slurm-10m\"")
+	mustSaveBy := fs.String("must-save-by", "", "new B: RFC 3339 `time`, \"slurm\" (the job's current end, from squeue: after scontrol update) or \"slurm-10m\"")
 	add := fs.Duration("add", 0, "move B by this `duration` (30m; negative moves it earlier)")
 	return oneRun(c, func(ctx context.Context, cl *client.Client, runID string) (*v1.Run, error) {
 		req := &v1.UpdateDeadlineRequest{RunId: runID, CheckpointMustSaveBy: *budget}
@@ -86,7 +86,7 @@ func setupRunExtend(fs *flag.FlagSet, c *cli) func(context.Context, []string) er
 		case given != 1:
 			return nil, usageErr(errors.New("give exactly one of --budget, --must-save-by and --add"))
 		case c.setFlags["must-save-by"]:
-			req.MustSaveBy, err = c.parseTime("must-save-by", *mustSaveBy, slurmEnd)
+			req.MustSaveBy, err = c.parseTime("must-save-by", *mustSaveBy, slurmEnd, true)
 		case c.setFlags["add"]:
 			req.MustSaveBy, err = currentDeadlinePlus(ctx, cl, runID, *add)
 		}

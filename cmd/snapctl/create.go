@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+	"github.com/snapcoord/snapcoord/client"
 )
 
 // specFlags are run create's flags. Set flags override --from-nemo-rl.
@@ -191,14 +192,41 @@ func (c *cli) createRun(ctx context.Context, runID string, spec *v1.RunSpec) err
 	if resp.GetRunToken() == "" {
 		return withExit(exitConflict, fmt.Errorf("run %s already exists with this spec and its workers use its token, which is not shown again", runID))
 	}
-	if c.output == "json" {
-		return c.printJSON(resp, "  ")
-	}
-	fmt.Fprintf(c.stdout, "export SNAPCOORD_RUN_ID='%s'\nexport SNAPCOORD_RUN_TOKEN='%s'\n", runID, resp.GetRunToken())
 	what := "created run"
 	if resp.GetTokenReissued() {
 		what = "run already existed with this spec and no worker yet, so it has a new token (the earlier one no longer works):"
 	}
-	fmt.Fprintf(c.stderr, "snapctl: %s %s: %s; its token is in SNAPCOORD_RUN_TOKEN\n", what, runID, describeDeadline(resp.GetRun(), time.Now()))
+	return c.printRunToken(resp, runID, resp.GetRunToken(), what, resp.GetRun())
+}
+
+// printRunToken prints a run token once: resp with -o json, else shell
+// assignments on stdout, for eval, and what happened on stderr.
+func (c *cli) printRunToken(resp proto.Message, runID, token, what string, run *v1.Run) error {
+	if c.output == "json" {
+		return c.printJSON(resp, "  ")
+	}
+	fmt.Fprintf(c.stdout, "export SNAPCOORD_RUN_ID='%s'\nexport SNAPCOORD_RUN_TOKEN='%s'\n", runID, token)
+	fmt.Fprintf(c.stderr, "snapctl: %s %s: %s; its token is in SNAPCOORD_RUN_TOKEN\n", what, runID, describeDeadline(run, time.Now()))
 	return nil
+}
+
+// setupRunReissueToken is the launcher's way back into its run after a
+// requeue: the job keeps its id, so run create finds the run, and once
+// workers registered it shows no token.
+func setupRunReissueToken(fs *flag.FlagSet, c *cli) func(context.Context, []string) error {
+	c.outputs = []string{"env", "json"}
+	reason := fs.String("reason", "", "why, recorded in the run's events (e.g. \"job 42 requeued\")")
+	return func(ctx context.Context, args []string) error {
+		if err := wantArgs(args, "RUN_ID"); err != nil {
+			return err
+		}
+		runID := args[0]
+		return c.withClient(ctx, func(ctx context.Context, cl *client.Client) error {
+			resp, err := cl.Runs.ReissueRunToken(ctx, &v1.ReissueRunTokenRequest{RunId: runID, Reason: *reason})
+			if err != nil {
+				return fmt.Errorf("reissue the token of run %s: %w", runID, err)
+			}
+			return c.printRunToken(resp, runID, resp.GetRunToken(), "new token (the earlier one no longer works) for run", resp.GetRun())
+		})
+	}
 }

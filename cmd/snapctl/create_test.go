@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -269,4 +270,53 @@ func TestRunCreateIntFlagsOutOfRange(t *testing.T) {
 		}
 	}
 	s.wantExit(exitNotFound, "run", "get", "r1") // nothing was created
+}
+
+// A requeued Slurm job keeps its SLURM_JOB_ID: run create finds the run its
+// first allocation made, whose workers registered, and prints no token.
+// run reissue-token gives the new allocation one, and the earlier one stops
+// working.
+func TestReissueTokenAfterRequeue(t *testing.T) {
+	s := startServer(t)
+	spec := []string{"--world-size", "1", "--budget", "00:01:00:00", "--target-level", "turn"}
+	tok := s.createRun("grpo-42", spec...)
+	first := s.sidecar("grpo-42", tok, "--on-snapshot", "true")
+	// The node died: no deregistration.
+	if err := first.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	<-first.done
+
+	s.wantExit(exitConflict, append([]string{"run", "create", "grpo-42"}, spec...)...)
+	r := s.snapctl("run", "reissue-token", "grpo-42", "--reason", "job 42 requeued, restart 1")
+	m := regexp.MustCompile(`(?m)^export SNAPCOORD_RUN_TOKEN='([^']+)'$`).FindStringSubmatch(r.stdout)
+	if r.code != 0 || m == nil || m[1] == tok || !strings.Contains(r.stdout, "export SNAPCOORD_RUN_ID='grpo-42'\n") {
+		t.Fatalf("run reissue-token: exit %d, stdout %q, want a new token to eval (stderr %s)", r.code, r.stdout, r.stderr)
+	}
+	if !strings.Contains(r.stderr, "no longer works") {
+		t.Errorf("stderr %q does not say the earlier token stopped working", r.stderr)
+	}
+	// The earlier token is refused; the new one registers the same worker.
+	if r := s.snapctlEnv([]string{"SNAPCOORD_RUN_ID=grpo-42", "SNAPCOORD_RUN_TOKEN=" + tok}, "sidecar", "--name", "env-0", "--on-snapshot", "true"); r.code != exitAuth {
+		t.Errorf("sidecar with the earlier token: exit %d, want %d (%s)", r.code, exitAuth, r.stderr)
+	}
+	s.sidecar("grpo-42", m[1], "--on-snapshot", "true")
+	var workers v1.ListWorkersResponse
+	s.getJSON(&workers, "workers", "grpo-42")
+	if w := workers.GetWorkers(); len(w) != 1 || w[0].GetName() != "env-0" || w[0].GetIncarnation() != 2 {
+		t.Errorf("workers %v, want env-0 alone, incarnation 2", w)
+	}
+	if out := s.ok("events", "grpo-42"); !strings.Contains(out, "run token reissued: job 42 requeued, restart 1") {
+		t.Errorf("events do not record the reissued token:\n%s", out)
+	}
+	var resp v1.ReissueRunTokenResponse
+	s.getJSON(&resp, "run", "reissue-token", "grpo-42")
+	if resp.GetRunToken() == "" || resp.GetRunToken() == m[1] || resp.GetRun().GetRunId() != "grpo-42" {
+		t.Errorf("-o json: %v, want the run and a new token", &resp)
+	}
+
+	// Not for a run that is over, nor for a run that does not exist.
+	s.ok("run", "cancel", "grpo-42")
+	s.wantExit(exitConflict, "run", "reissue-token", "grpo-42")
+	s.wantExit(exitNotFound, "run", "reissue-token", "grpo-43")
 }

@@ -121,7 +121,7 @@ say "2. the recipe, requeued once, saves by the coordinator's rule before the ti
 STATE=$WORK/job
 mkdir -p "$STATE"
 job=$(SNAPCOORD_STATE_DIR=$STATE SAVE_BEFORE_END=70s TRAIN_ARGS="--iteration-seconds 3" \
-	sbatch --parsable --time=2 --signal=B:USR1@10 --open-mode=append --output="$WORK/grpo-%j.out" deploy/slurm/grpo.sbatch)
+	sbatch --parsable --time=2 --signal=B:USR1@10 --output="$WORK/grpo-%j.out" deploy/slurm/grpo.sbatch)
 say "submitted job $job"
 # Once a checkpoint is saved (step 4) and training has gone past it, kill
 # the allocation as a node failure or a preemption would.

@@ -28,6 +28,14 @@ export GOFLAGS
 BUF         := $(GO) tool -modfile=tools/buf/go.mod buf
 STATICCHECK := $(GO) tool -modfile=tools/lint/go.mod staticcheck
 
+# The Python client runs on Debian's packages for Debian's Python (see
+# scripts/deps-python.sh); a pyenv or venv python3 on PATH lacks them.
+PYTHON ?= /usr/bin/python3
+# Generated Python code: everything protoc writes under client/python
+# (snapcoord/v1/*_pb2*.py and buf/validate/*_pb2*.py); the __init__.py files
+# next to it are written by hand.
+PY_GEN_DIRS := snapcoord/v1 buf/validate
+
 # The vulnerability database is the Go module golang.org/x/vulndb at a pinned
 # version (its data/osv/ holds the OSV entries); govulncheck's online database
 # is not reachable here. Update the version deliberately, like any dependency.
@@ -44,32 +52,60 @@ help: ## List the targets.
 	@grep -E '^[a-z0-9-]+:.*## ' $(firstword $(MAKEFILE_LIST)) | \
 		sed -E 's/^([a-z0-9-]+):.*## (.*)/  \1\t\2/' | expand -t 20
 
-build: ## Build the binaries into bin/.
-	$(GO) build -o bin/ ./cmd/...
+# The version and commit that --version prints when the go command recorded
+# no VCS information in the build (-buildvcs=false, which this machine's go env
+# sets, or a source tree without .git); see cmd/internal/version. Recursive
+# (=), so that only targets that build run git.
+VERSION_PKG := github.com/snapcoord/snapcoord/cmd/internal/version
+BUILD_VERSION = $(shell git describe --always --dirty 2>/dev/null || echo unknown)
+BUILD_COMMIT = $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
+BUILD_LDFLAGS = -X $(VERSION_PKG).stampedVersion=$(BUILD_VERSION) -X $(VERSION_PKG).stampedCommit=$(BUILD_COMMIT)
+
+build: ## Build the binaries into bin/ (stamped with git describe and the commit).
+	$(GO) build -ldflags '$(BUILD_LDFLAGS)' -o bin/ ./cmd/...
 
 run: build ## Run the coordinator with its defaults (127.0.0.1:7070, data in ./data).
 	./bin/snapcoord serve
 
-test: ## Run all tests with the race detector.
+# The Debian packages are checked first, so that a machine without them (and
+# no root to install them) stops at once, before any build.
+test: ## Run all tests: Go with the race detector, then the Python client's against bin/snapcoord.
+	scripts/deps-python.sh
+	$(MAKE) build
 	$(GO) test -race -count=1 -timeout 15m ./...
+	SNAPCOORD_BIN='$(CURDIR)/bin/snapcoord' PYTHONDONTWRITEBYTECODE=1 \
+		$(PYTHON) -m pytest -p no:cacheprovider -q client/python/tests
 
-generate: ## Regenerate api/ from proto/ (removes the old generated files first).
+generate: ## Regenerate api/ and the Python client's code from proto/ (removes the old generated files first).
 	if [ -d api ]; then find api -name '*.pb.go' -delete; find api -mindepth 1 -type d -empty -delete; fi
 	$(BUF) generate
+	scripts/deps-python.sh
+	for d in $(PY_GEN_DIRS); do if [ -d "client/python/$$d" ]; then find "client/python/$$d" -name '*_pb2*.py' -delete; fi; done
+	scripts/gen-python.sh client/python
 
 # verify runs every check (-k) and fails if any of them failed.
 verify: ## Check generated code, protos, formatting, vet and go.mod tidiness.
 	@$(MAKE) -k verify-generated verify-buf-lint verify-breaking verify-fmt verify-vet verify-tidy
 	@echo "verify: all checks passed"
 
-verify-generated: ## api/ matches a fresh buf generate (generated in a temporary directory).
+verify-generated: ## api/ and client/python's generated code match a fresh generate (in a temporary directory).
 	@tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
 	$(BUF) generate -o "$$tmp"; \
 	if ! diff -ru api "$$tmp/api"; then \
 		echo "verify-generated: api/ is out of date with proto/: run 'make generate' and commit the result" >&2; \
 		exit 1; \
 	fi; \
-	echo "verify-generated: api/ is up to date"
+	echo "verify-generated: api/ is up to date"; \
+	scripts/deps-python.sh; \
+	scripts/gen-python.sh "$$tmp/py"; \
+	stale=0; for d in $(PY_GEN_DIRS); do \
+		diff -ru --exclude=__init__.py --exclude=__pycache__ "client/python/$$d" "$$tmp/py/$$d" || stale=1; \
+	done; \
+	if [ "$$stale" -ne 0 ]; then \
+		echo "verify-generated: client/python's generated code is out of date with proto/: run 'make generate' and commit the result" >&2; \
+		exit 1; \
+	fi; \
+	echo "verify-generated: client/python is up to date"
 
 verify-buf-lint: ## buf lint and buf format.
 	$(BUF) lint
@@ -152,7 +188,18 @@ CRASH_CYCLES ?= 20
 FUZZTIME ?= 30s
 # Every fuzz target, as package:Name; make fuzz runs each for FUZZTIME.
 FUZZ_TARGETS := ./server/deadline:FuzzParseBudget ./server/grpcserver:FuzzCreateRun \
-	./server/grpcserver:FuzzWorkerService ./server/grpcserver:FuzzRunService
+	./server/grpcserver:FuzzWorkerService ./server/grpcserver:FuzzRunService \
+	./cmd/internal/durations:FuzzParse
+
+# The deadline policies' simulation (docs/simulation.md): seeded, so a rerun
+# prints the same tables. SIM_FLAGS e.g. '--runs 300 --workloads AC'.
+SIM_FLAGS ?=
+.PHONY: sim sim-frontier
+sim: ## Simulate workloads A-H under each deadline policy and write the tables into docs/simulation.md.
+	$(GO) run ./cmd/snapsim --doc docs/simulation.md $(SIM_FLAGS)
+
+sim-frontier: ## Compare ExpectedLoss settings over workloads A-H (a few minutes) and write the frontier into docs/simulation.md.
+	$(GO) run ./cmd/snapsim --frontier --runs 1000 --doc docs/simulation.md $(SIM_FLAGS)
 
 bench: build ## Load benchmark: each figure with its floor and ratio (under 3 min on 2 cores).
 	./bin/snapbench --snapcoord bin/snapcoord $(BENCH_FLAGS)

@@ -7,9 +7,12 @@ import (
 	"io"
 	"log/slog"
 	"math"
-	"net"
 	"strings"
 	"time"
+
+	"github.com/snapcoord/snapcoord/cmd/internal/durations"
+	"github.com/snapcoord/snapcoord/cmd/internal/flagtext"
+	"github.com/snapcoord/snapcoord/cmd/internal/loopback"
 )
 
 // envPrefix names the environment variable behind every flag: --lease-ttl
@@ -71,10 +74,10 @@ func newServeFlags(cfg *serveConfig) *flag.FlagSet {
 	fs := flag.NewFlagSet("snapcoord serve", flag.ContinueOnError)
 	fs.StringVar(&cfg.listen, "listen", "127.0.0.1:7070", "gRPC `address` to listen on")
 	fs.StringVar(&cfg.dataDir, "data-dir", "./data", "`directory` holding the store file snapcoord.db (created 0700 if missing)")
-	fs.DurationVar(&cfg.heartbeatInterval, "heartbeat-interval", 5*time.Second, "how often workers are told to heartbeat")
-	fs.DurationVar(&cfg.leaseTTL, "lease-ttl", 15*time.Second, "a worker silent this long is LOST")
-	fs.DurationVar(&cfg.drainTimeout, "drain-timeout", 10*time.Second, "on SIGINT/SIGTERM, how long in-flight RPCs may take to finish")
-	fs.DurationVar(&cfg.lockTimeout, "lock-timeout", time.Second, "how long to wait for another process to release the data directory")
+	durations.Var(fs, &cfg.heartbeatInterval, "heartbeat-interval", 5*time.Second, durations.Options{}, "how often workers are told to heartbeat")
+	durations.Var(fs, &cfg.leaseTTL, "lease-ttl", 15*time.Second, durations.Options{}, "a worker silent this long is LOST")
+	durations.Var(fs, &cfg.drainTimeout, "drain-timeout", 10*time.Second, durations.Options{}, "on SIGINT/SIGTERM, how long in-flight RPCs may take to finish")
+	durations.Var(fs, &cfg.lockTimeout, "lock-timeout", time.Second, durations.Options{}, "how long to wait for another process to release the data directory")
 	fs.StringVar(&cfg.logFormat, "log-format", "text", "log `format`: text or json")
 	fs.TextVar(&cfg.logLevel, "log-level", slog.LevelInfo, "log `level`: debug, info, warn or error")
 
@@ -94,12 +97,12 @@ func newServeFlags(cfg *serveConfig) *flag.FlagSet {
 	fs.IntVar(&cfg.maxRuns, "max-runs", 10000, "runs the coordinator keeps; CreateRun beyond it gets RESOURCE_EXHAUSTED")
 	fs.IntVar(&cfg.maxWorkersPerRun, "max-workers-per-run", 10000, "workers one run may register; more get RESOURCE_EXHAUSTED")
 	fs.IntVar(&cfg.maxEventsPerRun, "max-events-per-run", 100000, "events kept per run, on disk (the latest 256 also in memory); the oldest are deleted beyond it")
-	fs.DurationVar(&cfg.finishedRetention, "finished-run-retention", 0, "delete a finished run (and all stored for it) this long after it ended, e.g. 720h; 0 keeps finished runs")
-	fs.DurationVar(&cfg.keepaliveMinTime, "keepalive-min-time", 10*time.Second, "shortest client keepalive ping interval tolerated; clients pinging more often are disconnected")
+	durations.Var(fs, &cfg.finishedRetention, "finished-run-retention", 0, durations.Options{}, "delete a finished run (and all stored for it) this long after it ended, e.g. 720h; 0 keeps finished runs")
+	durations.Var(fs, &cfg.keepaliveMinTime, "keepalive-min-time", 10*time.Second, durations.Options{}, "shortest client keepalive ping interval tolerated; clients pinging more often are disconnected")
 	fs.BoolVar(&cfg.permitPingsNoStream, "keepalive-permit-without-stream", true, "tolerate client keepalive pings on connections with no open RPC")
-	fs.DurationVar(&cfg.keepaliveTime, "keepalive-time", 30*time.Second, "ping a client connection silent this long, to notice dead workers")
-	fs.DurationVar(&cfg.keepaliveTimeout, "keepalive-timeout", 10*time.Second, "close a connection whose ping is not answered within this")
-	fs.DurationVar(&cfg.maxConnectionIdle, "max-connection-idle", 0, "close connections with no RPC for this long; 0 never does")
+	durations.Var(fs, &cfg.keepaliveTime, "keepalive-time", 30*time.Second, durations.Options{}, "ping a client connection silent this long, to notice dead workers")
+	durations.Var(fs, &cfg.keepaliveTimeout, "keepalive-timeout", 10*time.Second, durations.Options{}, "close a connection whose ping is not answered within this")
+	durations.Var(fs, &cfg.maxConnectionIdle, "max-connection-idle", 0, durations.Options{}, "close connections with no RPC for this long; 0 never does")
 	return fs
 }
 
@@ -136,7 +139,7 @@ func parseServe(args []string, lookupEnv func(string) (string, bool)) (serveConf
 		return cfg, fs, err
 	}
 	if err := fs.Parse(args); err != nil {
-		return cfg, fs, err
+		return cfg, fs, flagtext.Error(err)
 	}
 	if fs.NArg() > 0 {
 		return cfg, fs, fmt.Errorf("unexpected argument %q", fs.Arg(0))
@@ -185,32 +188,16 @@ func (c serveConfig) checkExposure(adminTokens int) error {
 	if c.insecure {
 		return nil
 	}
-	if adminTokens == 0 && !isLoopback(c.listen) {
+	if adminTokens == 0 && !loopback.Is(c.listen) {
 		return fmt.Errorf("refusing to listen on %s: no admin token is configured, so anyone who can reach that address "+
 			"could create, change and cancel runs. Configure an admin token (--admin-token-file or %s), listen on a "+
 			"loopback address (127.0.0.1, ::1, localhost), or pass --insecure to accept an open RunService", c.listen, adminTokenEnv)
 	}
-	if c.pprof && !isLoopback(c.metricsListen) {
+	if c.pprof && !loopback.Is(c.metricsListen) {
 		return fmt.Errorf("refusing to serve /debug/pprof/ on %s, a non-loopback address: profiles and the command line "+
 			"would be open to anyone who can reach it. Use a loopback --metrics-listen or pass --insecure", c.metricsListen)
 	}
 	return nil
-}
-
-// isLoopback reports whether a listen address only accepts local
-// connections. An empty host (all interfaces) or any name but localhost
-// counts as not loopback.
-func isLoopback(addr string) bool {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		return false
-	}
-	if strings.EqualFold(host, "localhost") {
-		return true
-	}
-	host, _, _ = strings.Cut(host, "%") // a zone, as in fe80::1%eth0
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
 }
 
 // reflectionAccess resolves --reflection: whether to serve reflection and
@@ -224,15 +211,13 @@ func (c serveConfig) reflectionAccess() (serve, open bool) {
 	case reflectionOpen:
 		return true, true
 	default:
-		return true, isLoopback(c.listen)
+		return true, loopback.Is(c.listen)
 	}
 }
 
 func printServeUsage(w io.Writer, fs *flag.FlagSet) {
 	fmt.Fprintf(w, "usage: snapcoord serve [flags]\n\nRuns the coordinator until SIGINT or SIGTERM.\n\nflags:\n")
-	fs.SetOutput(w)
-	fs.PrintDefaults()
-	fs.SetOutput(io.Discard)
+	flagtext.PrintDefaults(w, fs, nil)
 	fmt.Fprintf(w, `
 environment:
   %s

@@ -5,7 +5,8 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"runtime/debug"
+
+	"github.com/snapcoord/snapcoord/cmd/internal/version"
 )
 
 // Exit codes: 2 for a usage error, as the flag package does.
@@ -19,7 +20,8 @@ const usage = `usage: snapcoord <command> [flags]
 
 commands:
   serve     run the coordinator
-  version   print the version
+  version   print the version and commit (also --version)
+  help      print this help (also --help)
 
 Run 'snapcoord <command> --help' for a command's flags.
 `
@@ -34,8 +36,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	switch args[0] {
 	case "serve":
 		return runServe(ctx, args[1:], os.LookupEnv, stdout, stderr)
-	case "version":
-		fmt.Fprintln(stdout, versionString())
+	case "version", "-version", "--version":
+		fmt.Fprintln(stdout, version.String("snapcoord"))
 		return exitOK
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(stdout, usage)
@@ -44,29 +46,4 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "snapcoord: unknown command %q\n\n%s", args[0], usage)
 		return exitUsage
 	}
-}
-
-// version is set at release builds with -ldflags "-X main.version=v1.2.3";
-// otherwise the module version from the build info is used.
-var version = ""
-
-func versionString() string {
-	goVersion := "unknown"
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		goVersion = bi.GoVersion
-	}
-	return fmt.Sprintf("snapcoord %s %s", moduleVersion(), goVersion)
-}
-
-// moduleVersion is the release version, the module version from the build
-// info, or "(devel)".
-func moduleVersion() string {
-	v := version
-	if bi, ok := debug.ReadBuildInfo(); ok && v == "" {
-		v = bi.Main.Version
-	}
-	if v == "" {
-		v = "(devel)"
-	}
-	return v
 }

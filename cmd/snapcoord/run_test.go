@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -24,8 +25,29 @@ func TestServeHelpListsFlagsWithEnv(t *testing.T) {
 		t.Fatalf("serve --help: exit %d, stderr %q", code, stderr.String())
 	}
 	for _, flag := range []string{"listen", "data-dir", "heartbeat-interval", "lease-ttl", "drain-timeout", "lock-timeout", "log-format", "log-level"} {
-		if !strings.Contains(stdout.String(), "-"+flag) || !strings.Contains(stdout.String(), envName(flag)) {
-			t.Errorf("help lacks -%s or %s:\n%s", flag, envName(flag), stdout.String())
+		if !strings.Contains(stdout.String(), "--"+flag) || !strings.Contains(stdout.String(), envName(flag)) {
+			t.Errorf("help lacks --%s or %s:\n%s", flag, envName(flag), stdout.String())
+		}
+	}
+	if m := oneDashFlag.FindString(stdout.String()); m != "" {
+		t.Errorf("help shows a flag with one dash (%q), where the README writes two:\n%s", m, stdout.String())
+	}
+}
+
+// oneDashFlag finds "-lease-ttl" (as Go's flag package prints it) but not
+// "--lease-ttl" or "non-loopback".
+var oneDashFlag = regexp.MustCompile(`(^|[\s(\[,'])-[a-z][a-z-]+`)
+
+// Errors name flags as the help does.
+func TestServeFlagErrorsUseTwoDashes(t *testing.T) {
+	for _, args := range [][]string{{"--lease-ttl", "soon"}, {"-lease-ttl=soon"}, {"--nope"}, {"--listen"}} {
+		var stdout, stderr bytes.Buffer
+		if code := runServe(t.Context(), args, noEnv, &stdout, &stderr); code != exitUsage {
+			t.Errorf("serve %q: exit %d, want %d", args, code, exitUsage)
+		}
+		first, _, _ := strings.Cut(stderr.String(), "\n")
+		if !strings.Contains(first, " --") || oneDashFlag.MatchString(first) {
+			t.Errorf("serve %q: error %q, want the flag named with two dashes", args, first)
 		}
 	}
 }
@@ -48,6 +70,22 @@ func TestEnvSetsDefaultsAndFlagsWin(t *testing.T) {
 	}
 	if cfg.dataDir != "./data" || cfg.heartbeatInterval != 5*time.Second || cfg.drainTimeout != 10*time.Second {
 		t.Errorf("defaults = %+v", cfg)
+	}
+}
+
+// serve's durations read the grammar of snapctl's (cmd/internal/durations).
+func TestServeDurationGrammar(t *testing.T) {
+	env := envMap(map[string]string{"SNAPCOORD_DRAIN_TIMEOUT": "1:30"})
+	cfg, _, err := parseServe([]string{"--lease-ttl", "00:00:01:00", "--finished-run-retention", "30-00"}, env)
+	if err != nil {
+		t.Fatalf("parseServe: %v", err)
+	}
+	if cfg.leaseTTL != time.Minute || cfg.drainTimeout != 90*time.Second || cfg.finishedRetention != 30*24*time.Hour {
+		t.Errorf("lease TTL %v, drain timeout %v, retention %v; want 1m, 1m30s, 720h", cfg.leaseTTL, cfg.drainTimeout, cfg.finishedRetention)
+	}
+	if _, _, err := parseServe([]string{"--lease-ttl", "15"}, noEnv); err == nil || !strings.Contains(err.Error(), "--lease-ttl") ||
+		!strings.Contains(err.Error(), "write 15s or 15m") {
+		t.Errorf("--lease-ttl 15: %v, want the flag named and the ambiguity explained", err)
 	}
 }
 
@@ -83,6 +121,9 @@ func TestCommands(t *testing.T) {
 		inStdout string
 	}{
 		{[]string{"version"}, exitOK, "snapcoord "},
+		{[]string{"--version"}, exitOK, " (commit "},
+		{[]string{"-version"}, exitOK, " (commit "},
+		{[]string{"--help"}, exitOK, "--version"},
 		{[]string{"help"}, exitOK, "serve"},
 		{nil, exitUsage, ""},
 		{[]string{"frobnicate"}, exitUsage, ""},

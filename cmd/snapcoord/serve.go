@@ -18,6 +18,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
+	"github.com/snapcoord/snapcoord/cmd/internal/loopback"
+	"github.com/snapcoord/snapcoord/cmd/internal/version"
 	"github.com/snapcoord/snapcoord/server/auth"
 	"github.com/snapcoord/snapcoord/server/engine"
 	"github.com/snapcoord/snapcoord/server/grpcserver"
@@ -88,7 +90,7 @@ func newLogger(cfg serveConfig, w io.Writer) *slog.Logger {
 // released in reverse order of acquisition: listeners and server, engine,
 // store, telemetry (which the store and engine report to until closed).
 func serve(ctx context.Context, cfg serveConfig, adminTokens []string, lookupEnv func(string) (string, bool), log *slog.Logger) error {
-	tel, err := telemetry.New(ctx, telemetry.Options{Logger: log, ServiceVersion: moduleVersion(), LookupEnv: lookupEnv})
+	tel, err := telemetry.New(ctx, telemetry.Options{Logger: log, ServiceVersion: version.Get().Version, LookupEnv: lookupEnv})
 	if err != nil {
 		return err
 	}
@@ -170,7 +172,7 @@ func newGRPCServer(cfg serveConfig, adminTokens []string, eng *engine.Engine, te
 		"traces_exported", tel.TracesExported())
 	if len(adminTokens) == 0 {
 		log.Warn("no admin token configured: RunService is open to anyone who can connect")
-	} else if tlsMode == "off" && !isLoopback(cfg.listen) {
+	} else if tlsMode == "off" && !loopback.Is(cfg.listen) {
 		log.Warn("serving without TLS on a non-loopback address: tokens cross the network in clear text")
 	}
 	return grpcserver.New(grpcserver.Config{

@@ -120,7 +120,7 @@ func TestExitStatuses(t *testing.T) {
 		{"coordinator unreachable", exitUnavailable, []string{"SNAPCOORD_ADDR=127.0.0.1:1"}, []string{"run", "get", "r1", "--timeout", "1s"}},
 		{"no admin token", exitAuth, []string{"SNAPCOORD_TOKEN="}, []string{"run", "get", "r1"}},
 		{"wrong admin token", exitAuth, nil, []string{"run", "get", "r1", "--token", "wrong"}},
-		{"bad budget", exitInvalid, nil, []string{"run", "create", "r9", "--world-size", "1", "--budget", "3h"}},
+		{"bad budget", exitUsage, nil, []string{"run", "create", "r9", "--world-size", "1", "--budget", "3 hours"}},
 		{"bad target level", exitInvalid, nil, []string{"run", "create", "r9", "--world-size", "1", "--target-level", "rollout"}},
 		{"bad time", exitInvalid, nil, []string{"run", "create", "r9", "--world-size", "1", "--must-save-by", "tomorrow"}},
 	} {
@@ -147,6 +147,48 @@ func TestHelpListsExitStatuses(t *testing.T) {
 	}
 	if out := s.ok("run", "create", "--help"); !strings.Contains(out, "--from-nemo-rl") {
 		t.Errorf("run create --help:\n%s", out)
+	}
+}
+
+// --version and version print the version and commit and exit 0, also
+// with connection flags before them.
+func TestVersion(t *testing.T) {
+	s := startServer(t)
+	for _, args := range [][]string{{"--version"}, {"version"}, {"--addr", "127.0.0.1:1", "--version"}} {
+		if out := s.ok(args...); !strings.HasPrefix(out, "snapctl ") || !strings.Contains(out, " (commit ") || !strings.Contains(out, ", go1.") {
+			t.Errorf("snapctl %v = %q, want \"snapctl VERSION (commit COMMIT, GOVERSION)\"", args, out)
+		}
+	}
+}
+
+// oneDashFlag finds "-budget" (as Go's flag package prints flags) but not
+// "--budget", "-o" or "slurm-10m".
+var oneDashFlag = regexp.MustCompile(`(^|[\s(\[,'"])-[a-z][a-z-]+`)
+
+// Help and errors write every flag with two dashes, as the README does.
+func TestHelpAndErrorsUseTwoDashes(t *testing.T) {
+	s := startServer(t)
+	helps := [][]string{{"help"}, {"--help"}}
+	for _, c := range commands {
+		helps = append(helps, append(strings.Fields(c.name), "--help"))
+	}
+	for _, args := range helps {
+		out := s.ok(args...)
+		if m := oneDashFlag.FindString(out); m != "" {
+			t.Errorf("snapctl %s shows a flag with one dash (%q):\n%s", strings.Join(args, " "), m, out)
+		}
+	}
+	for _, args := range [][]string{{"run", "get", "r1", "--bogus"}, {"-timeout=soon", "run", "list"}, {"run", "create", "r1", "--world-size", "x"}} {
+		r := s.wantExit(exitUsage, args...)
+		if first, _, _ := strings.Cut(r.stderr, "\n"); !strings.Contains(first, " --") || oneDashFlag.MatchString(first) {
+			t.Errorf("snapctl %s: error %q, want the flag named with two dashes", strings.Join(args, " "), first)
+		}
+	}
+	var run v1.Run
+	s.createRun("r1", "--world-size", "1")
+	s.getJSON(&run, "run", "get", "r1") // -o json
+	if out := s.ok("run", "get", "r1", "--output", "json"); !strings.Contains(out, `"run_id": "r1"`) {
+		t.Errorf("run get --output json:\n%s", out)
 	}
 }
 
@@ -248,4 +290,45 @@ func hasKey(v any, path string) bool {
 		}
 	}
 	return true
+}
+
+// run watch starts with where the run stands, its state and last decision,
+// then follows; a run that has ended gets no countdown to B.
+func TestWatchStartsWithStateAndLastDecision(t *testing.T) {
+	s := startServer(t)
+	tok := s.createRun("r1", "--world-size", "1", "--budget", "1h", "--margin", "30")
+	tr := s.trainer("r1", tok)
+	completeStep(t, tr, 1, time.Second, v1.StepAction_STEP_ACTION_CONTINUE)
+	completeStep(t, tr, 2, time.Second, v1.StepAction_STEP_ACTION_CONTINUE)
+
+	p := startProc(t, s.env(), bin.snapctl, "run", "watch", "r1")
+	p.waitFor(t, "the watch to show the run", func(out string) bool { return strings.Contains(out, "last decision, step 2 at ") })
+	head := p.out.String()
+	for _, want := range []string{"run r1 is RUNNING at step 2; B = ", " (in ", "last decision, step 2 at ", ": continued: "} {
+		if !strings.Contains(head, want) {
+			t.Errorf("run watch began without %q:\n%s", want, head)
+		}
+	}
+	// Then it follows: the next decision and the end.
+	completeStep(t, tr, 3, time.Second, v1.StepAction_STEP_ACTION_CONTINUE)
+	p.waitFor(t, "step 3's decision", func(out string) bool { return strings.Contains(out, "step 3") && strings.Contains(out, "decision") })
+	s.ok("run", "cancel", "r1", "--reason", "done watching")
+	if code := p.exitCode(t); code != exitRunFailed || !strings.Contains(p.out.String(), "run r1 ended CANCELLED") {
+		t.Errorf("run watch: exit %d, want %d after the cancel:\n%s", code, exitRunFailed, p.out.String())
+	}
+
+	// A run that has ended: its state, how its end stood to B, the last
+	// decision, and no "in N min".
+	r := s.wantExit(exitRunFailed, "run", "watch", "r1")
+	for _, want := range []string{"run r1 is CANCELLED at step 3; B = ", "(the run ended ", " before B)", "last decision, step 3 at ", "run r1 ended CANCELLED"} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("run watch of an ended run lacks %q:\n%s", want, r.stdout)
+		}
+	}
+	if strings.Contains(r.stdout, "(in ") {
+		t.Errorf("run watch of an ended run counts down to B:\n%s", r.stdout)
+	}
+	if out := s.ok("run", "get", "r1"); strings.Contains(out, "(in ") || !strings.Contains(out, "before B)") {
+		t.Errorf("run get of an ended run counts down to B:\n%s", out)
+	}
 }

@@ -4,7 +4,10 @@ import (
 	"context"
 	"fmt"
 
+	"google.golang.org/grpc"
+
 	"github.com/snapcoord/snapcoord/client"
+	"github.com/snapcoord/snapcoord/cmd/internal/loopback"
 )
 
 // dial connects with the admin token of --token or --token-file, and with
@@ -18,7 +21,8 @@ func (c *cli) dial(runToken string) (*client.Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	cl, err := client.Dial(c.conn.addr, client.WithToken(admin), client.WithRunToken(runToken), transport)
+	cl, err := client.Dial(c.conn.addr, client.WithToken(admin), client.WithRunToken(runToken), transport,
+		client.WithDialOptions(grpc.WithChainUnaryInterceptor(c.lastUnavailable.record)))
 	if err != nil {
 		return nil, withExit(exitInvalid, err)
 	}
@@ -26,20 +30,34 @@ func (c *cli) dial(runToken string) (*client.Client, error) {
 }
 
 // transport is plaintext or TLS. --plaintext on the command line overrides
-// TLS variables, and a TLS flag overrides SNAPCOORD_PLAINTEXT.
+// TLS variables, and a TLS flag overrides SNAPCOORD_PLAINTEXT. Told
+// neither, snapctl talks plaintext to a loopback address, as `snapcoord
+// serve` listens there by default, and TLS to any other.
 func (c *cli) transport() (client.Option, error) {
 	plain := c.conn.plaintext
-	if tlsFlags := c.tlsFlagsInUse(); plain && len(tlsFlags) > 0 {
+	tlsFlags := c.tlsFlagsInUse()
+	if plain && len(tlsFlags) > 0 {
 		var err error
 		plain, err = c.settle([]string{"plaintext"}, tlsFlags, "--plaintext excludes --ca-file, --cert-file, --key-file and --server-name")
 		if err != nil {
 			return nil, err
 		}
 	}
+	if !plain && len(tlsFlags) == 0 && !c.plaintextChosen() && loopback.Is(c.conn.addr) {
+		plain, c.conn.plainByDefault = true, true
+	}
+	c.conn.plainInUse = plain
 	if plain {
 		return client.WithInsecure(), nil
 	}
 	return client.WithTLS(client.TLS{CAFile: c.conn.caFile, CertFile: c.conn.certFile, KeyFile: c.conn.keyFile, ServerName: c.conn.serverName}), nil
+}
+
+// plaintextChosen: --plaintext or SNAPCOORD_PLAINTEXT was given, either
+// way (--plaintext=false asks for TLS on a loopback address).
+func (c *cli) plaintextChosen() bool {
+	v, ok := c.lookup(envNames["plaintext"])
+	return c.setFlags["plaintext"] || ok && v != ""
 }
 
 // tlsFlagsInUse names the TLS flags with a value, from either source.

@@ -12,40 +12,51 @@ import (
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 	"github.com/snapcoord/snapcoord/client"
+	"github.com/snapcoord/snapcoord/cmd/internal/durations"
 )
 
 // specFlags are run create's flags. Set flags override --from-nemo-rl.
 type specFlags struct {
-	fromNemoRL                     string
-	worldSize                      int
-	budget, mustSaveBy, startedAt  string
-	deferredFinalize               bool
-	snapshotInterval               int
-	snapshotOnCheckpoint           bool
-	maxFailures, snapshotTimeout   int
-	targetLevel                    string
-	window                         int
-	margin, expCheckpoint, expSnap float64
+	fromNemoRL                        string
+	worldSize                         int
+	budget                            time.Duration
+	mustSaveBy, startedAt             string
+	deferredFinalize                  bool
+	snapshotInterval, snapshotTimeout time.Duration
+	snapshotOnCheckpoint              bool
+	maxFailures                       int
+	targetLevel                       string
+	window                            int
+	margin, expCheckpoint, expSnap    time.Duration
 }
+
+// The grammars of the duration flags (cmd/internal/durations): those the
+// API counts in seconds also take a bare number of seconds, as before;
+// those it counts in whole seconds (and the budget) refuse a fraction.
+var (
+	budgetGrammar       = durations.Options{WholeSeconds: true}
+	secondsGrammar      = durations.Options{BareSeconds: true}
+	wholeSecondsGrammar = durations.Options{BareSeconds: true, WholeSeconds: true}
+)
 
 func setupRunCreate(fs *flag.FlagSet, c *cli) func(context.Context, []string) error {
 	c.outputs = []string{"env", "json"}
 	var f specFlags
 	fs.StringVar(&f.fromNemoRL, "from-nemo-rl", "", "read the spec from a NeMo RL YAML config `file` (flags given too win)")
 	fs.IntVar(&f.worldSize, "world-size", 0, "number of trainer ranks (required)")
-	fs.StringVar(&f.budget, "budget", "", "budget `DD:HH:MM:SS` from --started-at")
+	durations.Var(fs, &f.budget, "budget", 0, budgetGrammar, "budget from --started-at: a `duration` (3h45m, Slurm's 1-12:00:00, DD:HH:MM:SS)")
 	fs.StringVar(&f.mustSaveBy, "must-save-by", "", "absolute deadline B: RFC 3339 `time`, \"slurm\" (the job's end, from squeue) or \"slurm-10m\"")
 	fs.StringVar(&f.startedAt, "started-at", "", "when the budget clock starts: RFC 3339 `time` or \"slurm\" (the job's start, from squeue); default now")
 	fs.BoolVar(&f.deferredFinalize, "deferred-finalize", false, "checkpoints are published after they are saved (PublishCheckpoint)")
-	fs.IntVar(&f.snapshotInterval, "snapshot-interval", 0, "also snapshot every this many `seconds`")
+	durations.Var(fs, &f.snapshotInterval, "snapshot-interval", 0, wholeSecondsGrammar, "also snapshot every this `duration` (300 or 5m)")
 	fs.BoolVar(&f.snapshotOnCheckpoint, "snapshot-on-trainer-checkpoint", true, "at turn/prefix level, snapshot after every published checkpoint")
 	fs.IntVar(&f.maxFailures, "max-consecutive-failures", 0, "failed snapshots in a row that fail the run (default 3)")
-	fs.IntVar(&f.snapshotTimeout, "snapshot-timeout", 0, "`seconds` a snapshot may take (default 600)")
+	durations.Var(fs, &f.snapshotTimeout, "snapshot-timeout", 0, wholeSecondsGrammar, "`duration` a snapshot may take (default 600 seconds)")
 	fs.StringVar(&f.targetLevel, "target-level", "", "rollout recovery `level`: prompt_group, sibling, turn or prefix")
 	fs.IntVar(&f.window, "reserve-window", 0, "R is the longest of the last this many saved snapshots (default 5)")
-	fs.Float64Var(&f.margin, "margin", 0, "safety margin M in `seconds`")
-	fs.Float64Var(&f.expCheckpoint, "expected-checkpoint", 0, "prior for C in `seconds`, until a checkpoint is measured")
-	fs.Float64Var(&f.expSnap, "expected-snapshot", 0, "prior for R in `seconds`, until a snapshot is measured")
+	durations.Var(fs, &f.margin, "margin", 0, secondsGrammar, "safety margin M, a `duration` (seconds, or 1m30s)")
+	durations.Var(fs, &f.expCheckpoint, "expected-checkpoint", 0, secondsGrammar, "prior for C, a `duration` (seconds, or 2m), until a checkpoint is measured")
+	durations.Var(fs, &f.expSnap, "expected-snapshot", 0, secondsGrammar, "prior for R, a `duration` (seconds, or 1m), until a snapshot is measured")
 	return func(ctx context.Context, args []string) error {
 		if err := wantArgs(args, "RUN_ID"); err != nil {
 			return err
@@ -89,7 +100,7 @@ func (c *cli) applyDeadlineFlags(f specFlags, spec *v1.RunSpec) error {
 		return usageErr(errors.New("give --budget or --must-save-by, not both"))
 	}
 	if c.setFlags["budget"] {
-		ck.CheckpointMustSaveBy, ck.MustSaveBy = f.budget, nil
+		ck.CheckpointMustSaveBy, ck.MustSaveBy = durations.FormatDHMS(f.budget), nil
 	}
 	if c.setFlags["must-save-by"] {
 		b, err := c.parseTime("must-save-by", f.mustSaveBy, slurmEnd, false)
@@ -128,13 +139,13 @@ func (c *cli) applySnapshotFlags(f specFlags, spec *v1.RunSpec) error {
 		spec.RolloutRecovery.TargetLevel = tl
 	}
 	if set["margin"] {
-		res.MarginSeconds = f.margin
+		res.MarginSeconds = f.margin.Seconds()
 	}
 	if set["expected-checkpoint"] {
-		res.ExpectedCheckpointSeconds = proto.Float64(f.expCheckpoint)
+		res.ExpectedCheckpointSeconds = proto.Float64(f.expCheckpoint.Seconds())
 	}
 	if set["expected-snapshot"] {
-		res.ExpectedSnapshotSeconds = proto.Float64(f.expSnap)
+		res.ExpectedSnapshotSeconds = proto.Float64(f.expSnap.Seconds())
 	}
 	return nil
 }
@@ -148,9 +159,9 @@ func (c *cli) applyInt32Flags(f specFlags, spec *v1.RunSpec) error {
 		value int
 		set   func(int32)
 	}{
-		{"snapshot-interval", f.snapshotInterval, func(v int32) { rc.SnapshotAttemptIntervalS = proto.Int32(v) }},
+		{"snapshot-interval", int(f.snapshotInterval / time.Second), func(v int32) { rc.SnapshotAttemptIntervalS = proto.Int32(v) }},
 		{"max-consecutive-failures", f.maxFailures, func(v int32) { rc.MaxConsecutiveFailures = v }},
-		{"snapshot-timeout", f.snapshotTimeout, func(v int32) { rc.SnapshotTimeoutS = v }},
+		{"snapshot-timeout", int(f.snapshotTimeout / time.Second), func(v int32) { rc.SnapshotTimeoutS = v }},
 		{"reserve-window", f.window, func(v int32) { spec.Reserve.Window = v }},
 	} {
 		if !c.setFlags[fl.name] {
@@ -178,7 +189,7 @@ func int32Flag(name string, v int) (int32, error) {
 // assignments on stdout, for `eval "$(snapctl run create ...)"`, with a
 // summary on stderr.
 func (c *cli) createRun(ctx context.Context, runID string, spec *v1.RunSpec) error {
-	cl, err := c.dial("")
+	cl, err := c.connect(ctx)
 	if err != nil {
 		return err
 	}

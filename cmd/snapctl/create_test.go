@@ -261,10 +261,12 @@ func TestSlurmTimes(t *testing.T) {
 // the flag: converted unchecked, --world-size 4294967297 wraps to 1.
 func TestRunCreateIntFlagsOutOfRange(t *testing.T) {
 	s := startServer(t)
+	// --snapshot-interval and --snapshot-timeout are durations, read as
+	// seconds: a negative one is refused before the range is checked.
 	for _, flag := range []string{"world-size", "snapshot-interval", "max-consecutive-failures", "snapshot-timeout", "reserve-window"} {
 		for _, v := range []string{"4294967297", "-4294967297"} {
 			args := []string{"run", "create", "r1", "--world-size", "1", "--" + flag, v}
-			if r := s.wantExit(exitUsage, args...); !strings.Contains(r.stderr, "--"+flag+" "+v) {
+			if r := s.wantExit(exitUsage, args...); !strings.Contains(r.stderr, "--"+flag) || !strings.Contains(r.stderr, v) {
 				t.Errorf("snapctl %v: stderr %q does not name the flag", args, r.stderr)
 			}
 		}
@@ -319,4 +321,65 @@ func TestReissueTokenAfterRequeue(t *testing.T) {
 	s.ok("run", "cancel", "grpo-42")
 	s.wantExit(exitConflict, "run", "reissue-token", "grpo-42")
 	s.wantExit(exitNotFound, "run", "reissue-token", "grpo-43")
+}
+
+// Every duration flag reads one grammar: Go durations, Slurm's times,
+// DD:HH:MM:SS, and bare seconds where the flag counted seconds before. The
+// budget reaches the coordinator as DD:HH:MM:SS.
+func TestDurationFlags(t *testing.T) {
+	s := startServer(t)
+	var run v1.Run
+	s.createRun("go", "--world-size", "1", "--budget", "3h45m")
+	s.getJSON(&run, "run", "get", "go")
+	if got := run.GetSpec().GetCheckpointing().GetCheckpointMustSaveBy(); got != "00:03:45:00" {
+		t.Errorf("--budget 3h45m sent as %q, want 00:03:45:00", got)
+	}
+
+	s.createRun("slurm", "--world-size", "1", "--budget", "1-12:00:00", "--target-level", "turn",
+		"--margin", "1m30s", "--snapshot-interval", "5m", "--snapshot-timeout", "600",
+		"--expected-checkpoint", "00:00:02:00", "--expected-snapshot", "0.5")
+	s.getJSON(&run, "run", "get", "slurm")
+	spec := run.GetSpec()
+	if got := spec.GetCheckpointing().GetCheckpointMustSaveBy(); got != "01:12:00:00" {
+		t.Errorf("--budget 1-12:00:00 sent as %q, want 01:12:00:00", got)
+	}
+	res, rc := spec.GetReserve(), spec.GetRolloutCheckpointing()
+	if res.GetMarginSeconds() != 90 || res.GetExpectedCheckpointSeconds() != 120 || res.GetExpectedSnapshotSeconds() != 0.5 ||
+		rc.GetSnapshotAttemptIntervalS() != 300 || rc.GetSnapshotTimeoutS() != 600 {
+		t.Errorf("durations in seconds: margin %v, expected checkpoint %v, snapshot %v, interval %v, timeout %v; want 90, 120, 0.5, 300, 600",
+			res.GetMarginSeconds(), res.GetExpectedCheckpointSeconds(), res.GetExpectedSnapshotSeconds(),
+			rc.GetSnapshotAttemptIntervalS(), rc.GetSnapshotTimeoutS())
+	}
+
+	// --add in Slurm's D-HH, and negative.
+	b := run.GetDeadline().GetMustSaveBy().AsTime()
+	s.ok("run", "extend", "slurm", "--add", "2-00")
+	s.ok("run", "extend", "slurm", "--add", "-30m")
+	s.getJSON(&run, "run", "get", "slurm")
+	if got, want := run.GetDeadline().GetMustSaveBy().AsTime(), b.Add(48*time.Hour-30*time.Minute); !got.Equal(want) {
+		t.Errorf("after --add 2-00 and --add -30m, B = %v, want %v", got, want)
+	}
+
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		// Slurm reads a bare 30 as minutes, Go refuses it: ask.
+		{[]string{"--budget", "30"}, "write 30s or 30m"},
+		{[]string{"--budget", "3 hours"}, "want a Go duration (3h45m, 30s), Slurm's [D-]HH:MM:SS (1-12:00:00"},
+		{[]string{"--margin", "soon"}, "or a number of seconds (90)"},
+		{[]string{"--snapshot-interval", "1.5"}, "must be whole seconds"},
+		{[]string{"--budget", "1.5s"}, "must be whole seconds"},
+		{[]string{"--margin", "-5"}, "must not be negative"},
+	} {
+		args := append([]string{"run", "create", "bad", "--world-size", "1"}, tc.args...)
+		r := s.wantExit(exitUsage, args...)
+		if !strings.Contains(r.stderr, tc.want) || !strings.Contains(r.stderr, tc.args[0]) {
+			t.Errorf("snapctl %v: stderr %q, want it to name %s and say %q", args, r.stderr, tc.args[0], tc.want)
+		}
+	}
+	if r := s.snapctlEnv([]string{"SNAPCOORD_TIMEOUT=0:30"}, "run", "get", "go"); r.code != 0 {
+		t.Errorf("SNAPCOORD_TIMEOUT=0:30 (MM:SS): exit %d: %s", r.code, r.stderr)
+	}
+	s.wantExit(exitNotFound, "run", "get", "bad") // nothing was created
 }

@@ -7,6 +7,8 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/snapcoord/snapcoord/cmd/internal/durations"
 )
 
 // Exit statuses, documented in `snapctl help` and README.md.
@@ -84,7 +86,17 @@ func exitCode(err error) int {
 func (c *cli) fail(err error) int {
 	code := exitCode(err)
 	if err != nil {
-		fmt.Fprintf(c.stderr, "snapctl: %s\n", describe(err))
+		msg := describe(err)
+		// grpc-go's own words name neither the coordinator nor the bound,
+		// nor, once retries ran out of time, what the attempts met.
+		if code := status.Code(err); code == codes.DeadlineExceeded || code == codes.Unavailable {
+			msg += fmt.Sprintf(" (coordinator %s, --timeout %s", c.conn.addr, durations.Format(c.conn.timeout))
+			if last := c.lastUnavailable.lastError(); code == codes.DeadlineExceeded && last != nil {
+				msg += "; the last attempt: " + connectCause(status.Convert(last).Message())
+			}
+			msg += ")"
+		}
+		fmt.Fprintf(c.stderr, "snapctl: %s\n", msg)
 		if code == exitUsage {
 			fmt.Fprintln(c.stderr, "run 'snapctl help' for usage")
 		}

@@ -73,12 +73,15 @@ func explainDecision(w io.Writer, run *v1.Run, d *v1.Decision) {
 	fmt.Fprintf(w, "%s\n\n", verdict(d))
 	if in.GetMustSaveBy() != nil {
 		window := run.GetSpec().GetReserve().GetWindow()
+		if in.RegularSaveSeconds != nil {
+			fmt.Fprintf(w, "  S  %8s  the regular save after this step, before the next iteration (C, plus R when a snapshot follows each checkpoint)\n", secs(in.GetRegularSaveSeconds()))
+		}
 		fmt.Fprintf(w, "  I  %8s  iteration: the longest so far (per step, the slowest rank)\n", secs(in.GetIterationSeconds()))
 		fmt.Fprintf(w, "  C  %8s  trainer checkpoint: the longest save so far (the spec's prior until one is measured)\n", secs(in.GetCheckpointSeconds()))
 		fmt.Fprintf(w, "  R  %8s  save reserve: the longest of the last %d saved environment snapshots (or the prior)\n", secs(in.GetSaveReserveSeconds()), window)
 		fmt.Fprintf(w, "  M  %8s  safety margin from the spec\n", secs(in.GetMarginSeconds()))
 		fmt.Fprintf(w, "  B  %s  the deadline\n\n", stamp(in.GetMustSaveBy()))
-		fmt.Fprintf(w, "Rule: continue while decision time + I + C + R + M < B, else save now and stop.\n")
+		fmt.Fprintf(w, "Rule: continue while decision time + I + C + R + M < B (+ S at a step a regular save follows), else save now and stop.\n")
 	}
 	fmt.Fprintf(w, "Coordinator: %s\n", d.GetExplanation())
 	explainNow(w, run)
@@ -111,14 +114,21 @@ func verdict(d *v1.Decision) string {
 	b := in.GetMustSaveBy().AsTime()
 	sum := fmt.Sprintf("%s + %s + %s + %s", secs(in.GetIterationSeconds()), secs(in.GetCheckpointSeconds()),
 		secs(in.GetSaveReserveSeconds()), secs(in.GetMarginSeconds()))
+	if in.RegularSaveSeconds != nil {
+		sum = secs(in.GetRegularSaveSeconds()) + " + " + sum
+	}
 	fine := (b.Sub(end)).Abs() < 10*time.Second
 	switch {
 	case d.GetAction() == v1.StepAction_STEP_ACTION_CONTINUE && end.Before(b):
 		return fmt.Sprintf("continued: %s would end at %s, %s before the deadline (B = %s)",
 			sum, clockTime(end, fine), span(b.Sub(end)), clockTime(b, fine))
 	case d.GetAction() == v1.StepAction_STEP_ACTION_SAVE_AND_STOP && !end.Before(b):
-		return fmt.Sprintf("saved and stopped: another step, then the save (%s), would end at %s, %s past the deadline (B = %s)",
-			sum, clockTime(end, fine), span(end.Sub(b)), clockTime(b, fine))
+		ahead := "another step, then the save"
+		if in.RegularSaveSeconds != nil {
+			ahead = "this step's regular save, another step, then the save"
+		}
+		return fmt.Sprintf("saved and stopped: %s (%s), would end at %s, %s past the deadline (B = %s)",
+			ahead, sum, clockTime(end, fine), span(end.Sub(b)), clockTime(b, fine))
 	}
 	// A manual trigger, a step after the deadline fired, a terminal run.
 	return actionWord(d.GetAction()) + ": " + d.GetExplanation()
@@ -164,5 +174,6 @@ func explainNoStep(w io.Writer, run *v1.Run) {
 // nanosecond the coordinator used.
 func estimates(in *v1.Deadline) deadline.Estimates {
 	return deadline.Estimates{Iteration: in.GetIterationSeconds(), Checkpoint: in.GetCheckpointSeconds(),
-		Reserve: in.GetSaveReserveSeconds(), Margin: in.GetMarginSeconds()}
+		Reserve: in.GetSaveReserveSeconds(), Margin: in.GetMarginSeconds(),
+		RegularSave: in.GetRegularSaveSeconds(), RegularSaveFollows: in.RegularSaveSeconds != nil}
 }

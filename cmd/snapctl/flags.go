@@ -7,6 +7,8 @@ import (
 	"io"
 	"strings"
 	"time"
+
+	"github.com/snapcoord/snapcoord/cmd/internal/durations"
 )
 
 // cli is the state one snapctl invocation shares between its flags and its
@@ -17,6 +19,8 @@ type cli struct {
 	output   string          // -o
 	outputs  []string        // what -o accepts for this command; first is the default
 	setFlags map[string]bool // flags given on the command line, before the command or after it
+	// lastUnavailable is the last attempt of a call that failed UNAVAILABLE.
+	lastUnavailable attemptLog
 }
 
 // connConfig is how to reach the coordinator.
@@ -26,13 +30,16 @@ type connConfig struct {
 	caFile, certFile, keyFile string
 	serverName                string
 	timeout                   time.Duration
+	// Resolved by transport: whether the connection is plaintext, and
+	// whether only because the address is loopback.
+	plainInUse, plainByDefault bool
 }
 
 // connFlags are defined on every flag set, bound to the same variables:
 // they may come before the command or after it.
 var connFlags = map[string]bool{
 	"addr": true, "token": true, "token-file": true, "plaintext": true, "ca-file": true,
-	"cert-file": true, "key-file": true, "server-name": true, "timeout": true, "o": true,
+	"cert-file": true, "key-file": true, "server-name": true, "timeout": true, "o": true, "output": true,
 }
 
 // envNames maps flags to the environment variables that set their
@@ -60,8 +67,9 @@ func (c *cli) newFlagSet(name string) *flag.FlagSet {
 	fs.StringVar(&c.conn.certFile, "cert-file", c.conn.certFile, "client certificate `file`")
 	fs.StringVar(&c.conn.keyFile, "key-file", c.conn.keyFile, "client key `file`")
 	fs.StringVar(&c.conn.serverName, "server-name", c.conn.serverName, "server `name` to verify")
-	fs.DurationVar(&c.conn.timeout, "timeout", c.conn.timeout, "bound on each call")
+	durations.Var(fs, &c.conn.timeout, "timeout", c.conn.timeout, durations.Options{}, "bound on each call")
 	fs.StringVar(&c.output, "o", c.output, "output `format`")
+	fs.StringVar(&c.output, "output", c.output, "output `format` (same as -o)")
 	return fs
 }
 

@@ -83,7 +83,7 @@ func setupEvents(fs *flag.FlagSet, c *cli) func(context.Context, []string) error
 		if err := wantArgs(args, "RUN_ID"); err != nil {
 			return err
 		}
-		cl, err := c.dial("")
+		cl, err := c.connect(ctx)
 		if err != nil {
 			return err
 		}

@@ -6,9 +6,11 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"runtime/debug"
 	"strings"
 	"time"
+
+	"github.com/snapcoord/snapcoord/cmd/internal/flagtext"
+	"github.com/snapcoord/snapcoord/cmd/internal/version"
 )
 
 // env is the process around a command: tests run commands with their own.
@@ -32,7 +34,7 @@ var commands = []command{
 	{"run create", "RUN_ID", "create a run; print its token once, for eval", setupRunCreate},
 	{"run get", "RUN_ID", "show a run: state, deadline B, estimates", setupRunGet},
 	{"run list", "", "list runs", setupRunList},
-	{"run watch", "RUN_ID", "follow a run's new events until it ends; exit status by its final state", setupRunWatch},
+	{"run watch", "RUN_ID", "show a run's state and last decision, then follow its events until it ends; exit status by its final state", setupRunWatch},
 	{"run explain", "RUN_ID", "explain the latest (or --step N) decision in plain words", setupRunExplain},
 	{"run extend", "RUN_ID", "move the deadline B (--budget, --must-save-by or --add)", setupRunExtend},
 	{"run trigger", "RUN_ID", "fire the deadline now", setupRunTrigger},
@@ -49,8 +51,8 @@ const usageHead = `usage: snapctl [connection flags] <command> [flags] [argument
 commands:
 `
 
-const usageTail = `  version           print the version
-  help              print this help
+const usageTail = `  version           print the version and commit (also --version)
+  help              print this help (also --help)
 
 Flags may come before or after the arguments. Every command takes the
 connection flags (and their environment variables):
@@ -59,7 +61,9 @@ connection flags (and their environment variables):
   --token TOKEN        admin token for run commands (SNAPCOORD_TOKEN)
   --token-file FILE    read the admin token from FILE (SNAPCOORD_TOKEN_FILE)
   --plaintext          no TLS: only for a coordinator on loopback or a trusted
-                       network (SNAPCOORD_PLAINTEXT)
+                       network (SNAPCOORD_PLAINTEXT); the default for a
+                       loopback address when no TLS flag is given
+                       (--plaintext=false: TLS there too)
   --ca-file FILE       CA bundle that signs the coordinator's certificate;
                        default: the system roots (SNAPCOORD_CA_FILE)
   --cert-file FILE     client certificate, for mutual TLS (SNAPCOORD_CERT_FILE)
@@ -68,7 +72,8 @@ connection flags (and their environment variables):
                        (SNAPCOORD_SERVER_NAME)
   --timeout DURATION   bound on each call, except following (SNAPCOORD_TIMEOUT,
                        default 30s)
-  -o table|json        output: human tables in local time (default), or
+  -o, --output table|json
+                       output: human tables in local time (default), or
                        protojson (events: one JSON object per line)
 
 Exit status:
@@ -103,6 +108,7 @@ func printUsage(w io.Writer) {
 func run(ctx context.Context, args []string, e env) int {
 	c := &cli{env: e, conn: connConfig{addr: "127.0.0.1:7070", timeout: 30 * time.Second}}
 	global := c.newFlagSet("snapctl")
+	showVersion := global.Bool("version", false, "print the version")
 	if err := c.applyEnv(global); err != nil {
 		return c.fail(usageErr(err))
 	}
@@ -111,7 +117,11 @@ func run(ctx context.Context, args []string, e env) int {
 			printUsage(e.stdout)
 			return exitOK
 		}
-		return c.fail(usageErr(err))
+		return c.fail(usageErr(flagtext.Error(err)))
+	}
+	if *showVersion {
+		fmt.Fprintln(e.stdout, version.String("snapctl"))
+		return exitOK
 	}
 	c.setFlags = map[string]bool{}
 	global.Visit(func(f *flag.Flag) { c.setFlags[f.Name] = true })
@@ -125,7 +135,7 @@ func run(ctx context.Context, args []string, e env) int {
 		printUsage(e.stdout)
 		return exitOK
 	case "version":
-		fmt.Fprintln(e.stdout, versionString())
+		fmt.Fprintln(e.stdout, version.String("snapctl"))
 		return exitOK
 	}
 	cmd, rest, ok := findCommand(args)
@@ -158,7 +168,7 @@ func (c *cli) execute(ctx context.Context, cmd command, args []string) error {
 		return nil
 	}
 	if err != nil {
-		return usageErr(err)
+		return usageErr(flagtext.Error(err))
 	}
 	fs.Visit(func(f *flag.Flag) { c.setFlags[f.Name] = true })
 	if err := c.checkOutput(); err != nil {
@@ -169,32 +179,5 @@ func (c *cli) execute(ctx context.Context, cmd command, args []string) error {
 
 func (c *cli) printCommandUsage(w io.Writer, cmd command, fs *flag.FlagSet) {
 	fmt.Fprintf(w, "usage: snapctl %s [flags] %s\n\n%s\n\nflags (connection flags: see 'snapctl help'):\n", cmd.name, cmd.args, cmd.summary)
-	fs.VisitAll(func(f *flag.Flag) {
-		if connFlags[f.Name] {
-			return
-		}
-		name, usage := flag.UnquoteUsage(f)
-		fmt.Fprintf(w, "  --%s %s\n    \t%s", f.Name, name, usage)
-		if f.DefValue != "" && f.DefValue != "false" && f.DefValue != "0" {
-			fmt.Fprintf(w, " (default %s)", f.DefValue)
-		}
-		fmt.Fprintln(w)
-	})
-}
-
-// version is set at release builds with -ldflags "-X main.version=v1.2.3".
-var version = ""
-
-func versionString() string {
-	v, goVersion := version, "unknown"
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		goVersion = bi.GoVersion
-		if v == "" {
-			v = bi.Main.Version
-		}
-	}
-	if v == "" {
-		v = "(devel)"
-	}
-	return fmt.Sprintf("snapctl %s %s", v, goVersion)
+	flagtext.PrintDefaults(w, fs, func(f *flag.Flag) bool { return !connFlags[f.Name] })
 }

@@ -13,11 +13,12 @@ import (
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 	"github.com/snapcoord/snapcoord/client"
+	"github.com/snapcoord/snapcoord/cmd/internal/durations"
 )
 
 // withClient runs fn with a connection bounded by --timeout.
 func (c *cli) withClient(ctx context.Context, fn func(ctx context.Context, cl *client.Client) error) error {
-	cl, err := c.dial("")
+	cl, err := c.connect(ctx)
 	if err != nil {
 		return err
 	}
@@ -76,19 +77,22 @@ func setupRunCancel(fs *flag.FlagSet, c *cli) func(context.Context, []string) er
 }
 
 func setupRunExtend(fs *flag.FlagSet, c *cli) func(context.Context, []string) error {
-	budget := fs.String("budget", "", "new budget `DD:HH:MM:SS` from the run's started_at")
+	var budget, add time.Duration
+	durations.Var(fs, &budget, "budget", 0, budgetGrammar, "new budget from the run's started_at: a `duration` (3h45m, Slurm's 1-12:00:00, DD:HH:MM:SS)")
 	mustSaveBy := fs.String("must-save-by", "", "new B: RFC 3339 `time`, \"slurm\" (the job's current end, from squeue: after scontrol update) or \"slurm-10m\"")
-	add := fs.Duration("add", 0, "move B by this `duration` (30m; negative moves it earlier)")
+	durations.Var(fs, &add, "add", 0, durations.Options{Negative: true}, "move B by this `duration` (30m, 1-00:00:00; negative moves it earlier)")
 	return oneRun(c, func(ctx context.Context, cl *client.Client, runID string) (*v1.Run, error) {
-		req := &v1.UpdateDeadlineRequest{RunId: runID, CheckpointMustSaveBy: *budget}
+		req := &v1.UpdateDeadlineRequest{RunId: runID}
 		var err error
 		switch given := countSet(c, "budget", "must-save-by", "add"); {
 		case given != 1:
 			return nil, usageErr(errors.New("give exactly one of --budget, --must-save-by and --add"))
+		case c.setFlags["budget"]:
+			req.CheckpointMustSaveBy = durations.FormatDHMS(budget)
 		case c.setFlags["must-save-by"]:
 			req.MustSaveBy, err = c.parseTime("must-save-by", *mustSaveBy, slurmEnd, true)
 		case c.setFlags["add"]:
-			req.MustSaveBy, err = currentDeadlinePlus(ctx, cl, runID, *add)
+			req.MustSaveBy, err = currentDeadlinePlus(ctx, cl, runID, add)
 		}
 		if err != nil {
 			return nil, err
@@ -190,15 +194,20 @@ func (c *cli) printRun(r *v1.Run) error {
 	rows := [][]string{
 		{"run", r.GetRunId()},
 		{"state", enumWord(r.GetState(), "RUN_STATE_")},
+	}
+	if r.GetDeadlineMissed() {
+		rows = append(rows, []string{"DEADLINE MISSED", describeMissed(r)})
+	}
+	rows = append(rows, [][]string{
 		{"trainer ranks", strconv.Itoa(int(r.GetSpec().GetTrainerWorldSize()))},
 		{"recovery level", lowerWord(r.GetSpec().GetRolloutRecovery().GetTargetLevel(), "TARGET_LEVEL_")},
 		{"created", stamp(r.GetCreatedAt())},
 		{"started at", stamp(r.GetSpec().GetStartedAt())},
 		{"deadline", describeDeadline(r, now)},
-		{"estimates", fmt.Sprintf("I %s, C %s, R %s, M %s", secs(d.GetIterationSeconds()), secs(d.GetCheckpointSeconds()),
-			secs(d.GetSaveReserveSeconds()), secs(d.GetMarginSeconds()))},
+		{"regular saves", describeRegularSaves(r.GetSpec().GetCheckpointing().GetCheckpointEverySteps())},
+		{"estimates", describeEstimates(r)},
 		{"last step", fmt.Sprintf("%d (last published checkpoint: step %d)", r.GetLastStep(), r.GetLastPublishedStep())},
-	}
+	}...)
 	switch {
 	case d.GetTriggerPending() != "": // set only until the deadline fires
 		rows = append(rows, []string{"fires at", describePending(d.GetTriggerPending())})
@@ -217,11 +226,46 @@ func (c *cli) printRun(r *v1.Run) error {
 	return table(c.stdout, "", rows)
 }
 
-// describeDeadline: "B = 2026-11-30 11:45:00 CET (in 3 h 45 min)".
+// describeEstimates: "I 41 s, C 120 s, R 60 s, M 30 s", and ", S 180 s
+// (the regular save after step 20)" when one follows the next step.
+func describeEstimates(r *v1.Run) string {
+	d := r.GetDeadline()
+	out := fmt.Sprintf("I %s, C %s, R %s, M %s", secs(d.GetIterationSeconds()), secs(d.GetCheckpointSeconds()),
+		secs(d.GetSaveReserveSeconds()), secs(d.GetMarginSeconds()))
+	if d.RegularSaveSeconds != nil {
+		out += fmt.Sprintf(", S %s (the regular save after step %d)", secs(d.GetRegularSaveSeconds()), r.GetLastStep()+1)
+	}
+	return out
+}
+
+// describeRegularSaves is checkpoint_every_steps in words.
+func describeRegularSaves(every int32) string {
+	if every <= 0 {
+		return "none declared (checkpoint_every_steps 0): the rule counts no regular save"
+	}
+	return fmt.Sprintf("after every step that is a multiple of %d, counted as S in the look-ahead", every)
+}
+
+// describeMissed: how the run missed its deadline, and when that was found.
+func describeMissed(r *v1.Run) string {
+	return r.GetDeadlineMissedReason() + " (found " + stamp(r.GetDeadlineMissedAt()) + ")"
+}
+
+// describeDeadline: "B = 2026-11-30 11:45:00 CET (in 3 h 45 min)"; for a
+// run that ended, no countdown but how its end stood to B: "B = ...
+// (the run ended 1 min 12 s before B)".
 func describeDeadline(r *v1.Run, now time.Time) string {
 	b := r.GetDeadline().GetMustSaveBy()
-	if b == nil {
+	switch {
+	case b == nil:
 		return "none: the run never fires by itself"
+	case r.GetEndedAt() != nil:
+		ended, bt := r.GetEndedAt().AsTime(), b.AsTime()
+		side := "before"
+		if ended.After(bt) {
+			side = "after"
+		}
+		return fmt.Sprintf("B = %s (the run ended %s %s B)", stamp(b), span(bt.Sub(ended)), side)
 	}
 	return fmt.Sprintf("B = %s (%s)", stamp(b), relative(b.AsTime(), now))
 }

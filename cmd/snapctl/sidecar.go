@@ -15,6 +15,7 @@ import (
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 	"github.com/snapcoord/snapcoord/client"
+	"github.com/snapcoord/snapcoord/cmd/internal/durations"
 )
 
 // sidecarConfig is `snapctl sidecar`'s flags.
@@ -39,8 +40,8 @@ func setupSidecar(fs *flag.FlagSet, c *cli) func(context.Context, []string) erro
 	fs.StringVar(&s.onSnapshot, "on-snapshot", "", "`command` (/bin/sh -c) that saves the environment state (required)")
 	fs.StringVar(&s.onStop, "on-stop", "", "`command` (/bin/sh -c) to run when the run stops")
 	fs.BoolVar(&s.poll, "poll", false, "long-poll for commands instead of streaming them")
-	fs.DurationVar(&s.pollInterval, "poll-interval", 30*time.Second, "with --poll, the longest wait of one poll, rounded up to whole seconds, at most 1h (a command ends it at once)")
-	fs.DurationVar(&s.hookTimeout, "hook-timeout", 10*time.Minute, "kill a Snapshot hook after this long (SaveAtDeadline: at must_finish_by)")
+	durations.Var(fs, &s.pollInterval, "poll-interval", 30*time.Second, durations.Options{}, "with --poll, the longest wait of one poll, rounded up to whole seconds, at most 1h (a command ends it at once)")
+	durations.Var(fs, &s.hookTimeout, "hook-timeout", 10*time.Minute, durations.Options{}, "kill a Snapshot hook after this long (SaveAtDeadline: at must_finish_by)")
 	fs.TextVar(&s.logLevel, "log-level", slog.LevelInfo, "log `level`: debug, info, warn or error")
 	return func(ctx context.Context, args []string) error {
 		if err := wantArgs(args); err != nil {

@@ -26,10 +26,11 @@ func setupRunWatch(_ *flag.FlagSet, c *cli) func(context.Context, []string) erro
 	}
 }
 
-// watchRun prints the run's new events until it ends and returns its final
-// state. Interrupted, it fails: the last call finds ctx cancelled.
+// watchRun prints where the run stands (its state and its last decision),
+// then its new events until it ends, and returns its final state.
+// Interrupted, it fails: the last call finds ctx cancelled.
 func (c *cli) watchRun(ctx context.Context, runID string) (*v1.Run, error) {
-	cl, err := c.dial("")
+	cl, err := c.connect(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -39,12 +40,65 @@ func (c *cli) watchRun(ctx context.Context, runID string) (*v1.Run, error) {
 		return nil, err
 	}
 	if c.output != "json" {
-		fmt.Fprintf(c.stdout, "run %s is %s; %s\n", run.GetRunId(), enumWord(run.GetState(), "RUN_STATE_"), describeDeadline(run, time.Now()))
+		if err := c.printWhereRunStands(ctx, cl, run); err != nil {
+			return nil, err
+		}
+		c.printMissed(run)
 	}
 	if err := c.printEvents(ctx, cl, runID, run.GetLastEventSeq(), true); err != nil {
 		return nil, err
 	}
 	return c.getRun(ctx, cl, runID)
+}
+
+// printWhereRunStands: "run r1 is RUNNING at step 12; B = ... (in 9 min)"
+// and the last decision in words, so that a watch started mid-run does not
+// wait for the next event to say anything.
+func (c *cli) printWhereRunStands(ctx context.Context, cl *client.Client, run *v1.Run) error {
+	state := enumWord(run.GetState(), "RUN_STATE_")
+	if run.GetLastStep() != 0 {
+		state += fmt.Sprintf(" at step %d", run.GetLastStep())
+	}
+	fmt.Fprintf(c.stdout, "run %s is %s; %s\n", run.GetRunId(), state, describeDeadline(run, time.Now()))
+	d, err := lastDecision(ctx, c, cl, run)
+	if err != nil {
+		return err
+	}
+	if d == nil {
+		fmt.Fprintln(c.stdout, "no step decided yet")
+		return nil
+	}
+	fmt.Fprintf(c.stdout, "last decision, step %d at %s: %s\n", d.GetStep(), stamp(d.GetDecidedAt()), verdict(d))
+	return nil
+}
+
+// decisionWindow is how many of the latest events lastDecision reads
+// first: every step's decision is an event, so it is almost always among
+// them, and a long run's backlog (up to --max-events-per-run) need not be
+// read to find it.
+const decisionWindow = 1000
+
+// lastDecision is the run's latest decision up to its last_event_seq; nil
+// before the first step.
+func lastDecision(ctx context.Context, c *cli, cl *client.Client, run *v1.Run) (*v1.Decision, error) {
+	ctx, cancel := c.call(ctx)
+	defer cancel()
+	upTo := run.GetLastEventSeq()
+	for after := max(0, upTo-decisionWindow); ; after = 0 {
+		var found *v1.Decision
+		err := cl.WatchEvents(ctx, run.GetRunId(), after, false, func(ev *v1.RunEvent) error {
+			if ev.GetSeq() <= upTo && ev.GetType() == v1.RunEventType_RUN_EVENT_TYPE_DECISION && ev.GetDecision() != nil {
+				found = ev.GetDecision()
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, fmt.Errorf("read the events of run %s: %w", run.GetRunId(), err)
+		}
+		if found != nil || after == 0 {
+			return found, nil
+		}
+	}
 }
 
 // interrupted is a watch stopped by SIGINT or SIGTERM before it read the
@@ -64,12 +118,20 @@ func (c *cli) getRun(ctx context.Context, cl *client.Client, runID string) (*v1.
 	return resp.GetRun(), nil
 }
 
+// printMissed says, on a line of its own, that the run missed its deadline.
+func (c *cli) printMissed(run *v1.Run) {
+	if run.GetDeadlineMissed() {
+		fmt.Fprintf(c.stdout, "DEADLINE MISSED: %s\n", describeMissed(run))
+	}
+}
+
 // runEnded reports the final state; FAILED and CANCELLED exit non-zero so
 // that a launch script can tell.
 func (c *cli) runEnded(run *v1.Run) error {
 	state := enumWord(run.GetState(), "RUN_STATE_")
 	if c.output != "json" {
 		fmt.Fprintf(c.stdout, "run %s ended %s at %s\n", run.GetRunId(), state, stamp(run.GetEndedAt()))
+		c.printMissed(run)
 	}
 	switch run.GetState() {
 	case v1.RunState_RUN_STATE_FAILED, v1.RunState_RUN_STATE_CANCELLED:

@@ -1,8 +1,9 @@
 // Package deadline holds the save rule of DESIGN.md: the estimates I, C, R, M
-// and the decision now + I + C + R + M >= B. It is pure (no clock, no I/O) and
-// sits behind the Policy interface so that a risk-aware rule (quantiles of the
-// recorded durations instead of maxima) can replace it without touching the
-// engine.
+// and the decision now + I + C + R + M >= B; at a step the trainer follows
+// with a regular save, now + S + I + C + R + M >= B. It is pure (no clock,
+// no I/O) and sits behind the Policy interface so that a risk-aware rule
+// (quantiles of the recorded durations instead of maxima) can replace it
+// without touching the engine.
 package deadline
 
 import (
@@ -29,19 +30,34 @@ type Observations struct {
 	ExpectedSnapshotSeconds *float64
 	// MarginSeconds is M.
 	MarginSeconds float64
+	// RegularSaveFollows: the trainer saves a regular checkpoint after the
+	// step decided, before its next iteration (checkpoint_every_steps).
+	RegularSaveFollows bool
+	// SnapshotFollowsCheckpoint: an environment snapshot follows each
+	// trainer checkpoint, so a regular save also holds up the next
+	// iteration's rollouts for R.
+	SnapshotFollowsCheckpoint bool
 }
 
 // Estimates are the inputs of a decision, in seconds.
 type Estimates struct {
 	Iteration, Checkpoint, Reserve, Margin float64
+	// RegularSave is S, the regular save that follows the step before the
+	// next iteration; meaningful only when RegularSaveFollows.
+	RegularSave        float64
+	RegularSaveFollows bool
 }
 
 // Save is C + R + M: how long the save at a fired step is expected to take,
 // margin included.
 func (e Estimates) Save() time.Duration { return sum(e.Checkpoint, e.Reserve, e.Margin) }
 
-// Total is I + C + R + M.
-func (e Estimates) Total() time.Duration { return sum(e.Iteration, e.Checkpoint, e.Reserve, e.Margin) }
+// Total is S + I + C + R + M: from a step's decision to the end of the
+// deadline save at the next step, margin included. S is 0 unless a regular
+// save follows the step.
+func (e Estimates) Total() time.Duration {
+	return sum(e.RegularSave, e.Iteration, e.Checkpoint, e.Reserve, e.Margin)
+}
 
 // sum adds the terms as durations, each rounded to the nanosecond first,
 // saturating. Added as floats they can come out a nanosecond short (0.7 +
@@ -98,19 +114,40 @@ func (Max) Estimate(o Observations) Estimates {
 	case o.ExpectedSnapshotSeconds != nil:
 		est.Reserve = *o.ExpectedSnapshotSeconds
 	}
+	return WithRegularSave(o, est)
+}
+
+// WithRegularSave sets S from est's C and R when o says a regular save
+// follows the step: the trainer's checkpoint (C) holds up the next
+// iteration, and so does the environment snapshot that follows it (R),
+// since the environment workers save before they serve that iteration's
+// rollouts. A policy that estimates C and R its own way calls it last.
+func WithRegularSave(o Observations, est Estimates) Estimates {
+	est.RegularSave, est.RegularSaveFollows = 0, o.RegularSaveFollows
+	if !o.RegularSaveFollows {
+		return est
+	}
+	est.RegularSave = est.Checkpoint
+	if o.SnapshotFollowsCheckpoint {
+		est.RegularSave += est.Reserve
+	}
 	return est
 }
 
 // Decide implements Policy.
 func (p Max) Decide(now, mustSaveBy time.Time, est Estimates) Verdict {
 	end := now.Add(est.Total())
-	terms := fmt.Sprintf("now+I+C+R+M = %s + %s = %s", stamp(now), terms(est), stamp(end))
+	terms := fmt.Sprintf("now+%s = %s + %s = %s", names(est), stamp(now), terms(est), stamp(end))
 	if end.Before(mustSaveBy) {
 		return Verdict{Explanation: fmt.Sprintf("%s < B = %s: continue, %s to spare",
 			terms, stamp(mustSaveBy), mustSaveBy.Sub(end).Round(time.Second))}
 	}
-	return Verdict{Fire: true, Explanation: fmt.Sprintf("%s >= B = %s: save now and stop",
-		terms, stamp(mustSaveBy))}
+	stop := "save now and stop"
+	if est.RegularSaveFollows {
+		stop += " (the regular save after this step is the deadline save)"
+	}
+	return Verdict{Fire: true, Explanation: fmt.Sprintf("%s >= B = %s: %s",
+		terms, stamp(mustSaveBy), stop)}
 }
 
 // FiresAt implements Policy.
@@ -134,7 +171,18 @@ func Seconds(s float64) time.Duration {
 	return time.Duration(math.Round(s * float64(time.Second)))
 }
 
+// names are the terms Total adds, S only when a regular save follows.
+func names(e Estimates) string {
+	if e.RegularSaveFollows {
+		return "S+I+C+R+M"
+	}
+	return "I+C+R+M"
+}
+
 func terms(e Estimates) string {
+	if e.RegularSaveFollows {
+		return fmt.Sprintf("(%s + %s + %s + %s + %s s)", num(e.RegularSave), num(e.Iteration), num(e.Checkpoint), num(e.Reserve), num(e.Margin))
+	}
 	return fmt.Sprintf("(%s + %s + %s + %s s)", num(e.Iteration), num(e.Checkpoint), num(e.Reserve), num(e.Margin))
 }
 

@@ -135,3 +135,54 @@ func TestSecondsSaturates(t *testing.T) {
 		}
 	}
 }
+
+// S is C, plus R when a snapshot follows each trainer checkpoint, and only
+// at a step the trainer follows with a regular save.
+func TestMaxEstimateRegularSave(t *testing.T) {
+	base := Observations{MaxIterationSeconds: 40, ExpectedCheckpointSeconds: f64(120), SavedSnapshotSeconds: []float64{60}, MarginSeconds: 30}
+	for _, tc := range []struct {
+		name          string
+		follows, snap bool
+		want          Estimates
+	}{
+		{"no regular save", false, true, Estimates{Iteration: 40, Checkpoint: 120, Reserve: 60, Margin: 30}},
+		{"checkpoint only", true, false, Estimates{Iteration: 40, Checkpoint: 120, Reserve: 60, Margin: 30, RegularSave: 120, RegularSaveFollows: true}},
+		{"checkpoint and snapshot", true, true, Estimates{Iteration: 40, Checkpoint: 120, Reserve: 60, Margin: 30, RegularSave: 180, RegularSaveFollows: true}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := base
+			o.RegularSaveFollows, o.SnapshotFollowsCheckpoint = tc.follows, tc.snap
+			if got := (Max{}).Estimate(o); got != tc.want {
+				t.Errorf("Estimate = %+v, want %+v", got, tc.want)
+			}
+		})
+	}
+}
+
+// The case of issue 15: 44 s to spare for the next iteration, but a
+// regular save of 351 s runs before it. With S counted the step fires, its
+// explanation names S, and FiresAt moves S earlier.
+func TestDecideCountsRegularSave(t *testing.T) {
+	b := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	est := Estimates{Iteration: 100, Checkpoint: 291, Reserve: 60, Margin: 30}
+	now := b.Add(-est.Total() - 44*time.Second)
+	if v := (Max{}).Decide(now, b, est); v.Fire || !strings.Contains(v.Explanation, "now+I+C+R+M") {
+		t.Fatalf("without a regular save: fire %v, %q; want continue, I+C+R+M", v.Fire, v.Explanation)
+	}
+	est.RegularSave, est.RegularSaveFollows = 351, true
+	v := (Max{}).Decide(now, b, est)
+	if !v.Fire {
+		t.Fatalf("with S = 351 s: continued (%s)", v.Explanation)
+	}
+	for _, want := range []string{"now+S+I+C+R+M", "(351 + 100 + 291 + 60 + 30 s)", "the regular save after this step is the deadline save"} {
+		if !strings.Contains(v.Explanation, want) {
+			t.Errorf("explanation %q does not say %q", v.Explanation, want)
+		}
+	}
+	if got, want := (Max{}).FiresAt(b, est), b.Add(-(100+291+60+30+351)*time.Second); !got.Equal(want) {
+		t.Errorf("FiresAt %s, want %s", got, want)
+	}
+	if got, want := (Max{}).PreStepFiresAt(b, est), b.Add(-(291+60+30)*time.Second); !got.Equal(want) {
+		t.Errorf("PreStepFiresAt %s, want %s: no iteration, no regular save before the bootstrap save", got, want)
+	}
+}

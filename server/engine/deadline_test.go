@@ -60,13 +60,14 @@ func TestDeadlineSnapshotOutcomes(t *testing.T) {
 		state   v1.RunState
 		outcome v1.SnapshotOutcome
 		warning bool
+		missed  bool // the save was still going at B
 	}{
-		{"all saved", saved, v1.RunState_RUN_STATE_STOPPED, saved, false},
-		{"one skipped", skipped, v1.RunState_RUN_STATE_STOPPED, skipped, true},
-		{"I/O error", ioError, v1.RunState_RUN_STATE_STOPPED, ioError, true},
-		{"invariant failure", invariant, v1.RunState_RUN_STATE_FAILED, invariant, false},
-		{"timeout at B", timeout, v1.RunState_RUN_STATE_STOPPED, timeout, true},
-		{"worker lost", lost, v1.RunState_RUN_STATE_STOPPED, timeout, true},
+		{"all saved", saved, v1.RunState_RUN_STATE_STOPPED, saved, false, false},
+		{"one skipped", skipped, v1.RunState_RUN_STATE_STOPPED, skipped, true, false},
+		{"I/O error", ioError, v1.RunState_RUN_STATE_STOPPED, ioError, true, false},
+		{"invariant failure", invariant, v1.RunState_RUN_STATE_FAILED, invariant, false, false},
+		{"timeout at B", timeout, v1.RunState_RUN_STATE_STOPPED, timeout, true, true},
+		{"worker lost", lost, v1.RunState_RUN_STATE_STOPPED, timeout, true, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t)
@@ -139,7 +140,10 @@ func TestDeadlineSnapshotOutcomes(t *testing.T) {
 			if got.Outcome != tc.outcome {
 				t.Fatalf("deadline snapshot outcome %v, want %v", got.Outcome, tc.outcome)
 			}
-			warnings := h.eventsOf("r", v1.RunEventType_RUN_EVENT_TYPE_WARNING)
+			warnings, missed := h.warnings("r")
+			if tc.missed != run.DeadlineMissed || tc.missed != (len(missed) == 1) || len(missed) > 1 {
+				t.Fatalf("deadline_missed %v (%q), warnings %v; want missed %v", run.DeadlineMissed, run.DeadlineMissedReason, missed, tc.missed)
+			}
 			if tc.warning != (len(warnings) == 1) || len(warnings) > 1 {
 				t.Fatalf("warnings %v, want %v", warnings, tc.warning)
 			}

@@ -85,6 +85,7 @@ func (m *mut) start() {
 		Message: fmt.Sprintf("run created: %d trainer ranks, %s", m.r.rec.Run.Spec.TrainerWorldSize, describeDeadline(m.r))})
 	m.armPreStep()
 	m.armInterval(true)
+	m.armMissed()
 }
 
 // createAgain answers a CreateRun of a run that exists: the same spec is a
@@ -273,6 +274,7 @@ func (e *Engine) updateDeadline(ctx context.Context, req *v1.UpdateDeadlineReque
 		m.event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_DEADLINE_UPDATED,
 			Message: fmt.Sprintf("deadline moved: %s -> %s", old, describeDeadline(r))})
 		m.armPreStep()
+		m.armMissed()
 		return nil
 	})
 	if err != nil {
@@ -372,6 +374,7 @@ func (m *mut) setState(s v1.RunState, why string) {
 // reach a run whose state is final (a last worker leaving would otherwise
 // complete it, and a TIMEOUT could fail a COMPLETED run).
 func (m *mut) terminate(s v1.RunState, reason string) {
+	m.savedLate(s)
 	if a := m.activeSnapshot(); a != nil {
 		m.closeSnapshot(a, v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SKIPPED,
 			fmt.Sprintf("not complete when the run ended (%s: %s)", stateName(s), reason))
@@ -397,6 +400,7 @@ func (e *Engine) resume(r *runState) {
 		m.armInterval(false)
 		m.armSnapshotTimeout()
 		m.armSaveTimeout()
+		m.armMissed()
 	}
 	for _, w := range r.workers {
 		if w.w.State == v1.WorkerState_WORKER_STATE_LIVE {

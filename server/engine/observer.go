@@ -21,6 +21,9 @@ type Observer interface {
 	// returned by a poll, with the time since it was issued.
 	CommandDelivered(ctx context.Context, kind string, latency time.Duration)
 	SnapshotCompleted(ctx context.Context, runID, snapshotID string, reason v1.SnapshotReason, outcome v1.SnapshotOutcome, seconds float64)
+	// DeadlineMissed is called once per run, when it is found to have
+	// missed its deadline (Run.deadline_missed).
+	DeadlineMissed(ctx context.Context, runID string, cause MissCause)
 }
 
 type nopObserver struct{}
@@ -29,6 +32,7 @@ func (nopObserver) Decision(context.Context, string, int64, v1.StepAction)      
 func (nopObserver) DeadlineFired(context.Context, string, int64, v1.DeadlineFireKind) {}
 func (nopObserver) CommandIssued(context.Context, string)                             {}
 func (nopObserver) CommandDelivered(context.Context, string, time.Duration)           {}
+func (nopObserver) DeadlineMissed(context.Context, string, MissCause)                 {}
 func (nopObserver) SnapshotCompleted(context.Context, string, string, v1.SnapshotReason, v1.SnapshotOutcome, float64) {
 }
 

@@ -138,9 +138,11 @@ func TestRestartRearmsSnapshotTimeout(t *testing.T) {
 	if s := h.lastSnapshot("deadline"); s.Outcome != v1.SnapshotOutcome_SNAPSHOT_OUTCOME_TIMEOUT {
 		t.Fatalf("deadline snapshot after restart: %v", s)
 	}
-	h.wantState("deadline", v1.RunState_RUN_STATE_STOPPED)
-	if len(h.eventsOf("deadline", v1.RunEventType_RUN_EVENT_TYPE_WARNING)) != 1 {
-		t.Fatal("want a warning for the timed-out deadline snapshot")
+	if run := h.wantState("deadline", v1.RunState_RUN_STATE_STOPPED); !run.DeadlineMissed {
+		t.Fatal("deadline_missed not set: the deadline snapshot was still going at the end of the restart grace, past B")
+	}
+	if warnings, missed := h.warnings("deadline"); len(warnings) != 1 || len(missed) != 1 {
+		t.Fatalf("warnings %v and %v, want one for the timed-out deadline snapshot and one for the missed deadline", warnings, missed)
 	}
 	h.wantStopLast("deadline", append(dr, de...)...)
 }

@@ -23,6 +23,7 @@ const (
 	timerInterval
 	timerSnapshot
 	timerSave
+	timerMissed
 	numTimers
 )
 

@@ -161,9 +161,19 @@ func sameSpec(stored, requested *v1.RunSpec) (bool, error) {
 	return proto.Equal(stored, norm), nil
 }
 
-// observations gathers what the deadline policy needs.
-func (r *runState) observations() deadline.Observations {
-	res := r.rec.Run.Spec.Reserve
+// regularSaveFollows: the trainer saves a regular checkpoint after step,
+// before its next iteration (checkpointing.checkpoint_every_steps). Step 0
+// is no step: before the first one its number is not known.
+func regularSaveFollows(s *v1.RunSpec, step int64) bool {
+	every := int64(s.GetCheckpointing().GetCheckpointEverySteps())
+	return every > 0 && step > 0 && step%every == 0
+}
+
+// observations gathers what the deadline policy needs to decide step (0:
+// before the first step).
+func (r *runState) observations(step int64) deadline.Observations {
+	spec := r.rec.Run.Spec
+	res := spec.Reserve
 	return deadline.Observations{
 		MaxIterationSeconds:       r.rec.MaxIterationSeconds,
 		CheckpointSeconds:         r.rec.MaxCheckpointSeconds,
@@ -172,7 +182,18 @@ func (r *runState) observations() deadline.Observations {
 		SavedSnapshotSeconds:      r.rec.SavedSnapshotSeconds,
 		ExpectedSnapshotSeconds:   res.ExpectedSnapshotSeconds,
 		MarginSeconds:             res.MarginSeconds,
+		RegularSaveFollows:        regularSaveFollows(spec, step),
+		SnapshotFollowsCheckpoint: snapshotAfterCheckpoint(spec),
 	}
+}
+
+// nextStep is the step the next decision is about: 0 before the first
+// step, which may have any number (a run resumed from a checkpoint).
+func (r *runState) nextStep() int64 {
+	if r.rec.Run.LastStep == 0 {
+		return 0
+	}
+	return r.rec.Run.LastStep + 1
 }
 
 func (r *runState) mustSaveBy() (time.Time, bool) {
@@ -185,13 +206,20 @@ func (r *runState) mustSaveBy() (time.Time, bool) {
 
 // deadlineView is Run.deadline: B and the estimates the next decision uses.
 func (e *Engine) deadlineView(r *runState) *v1.Deadline {
-	est := e.policy.Estimate(r.observations())
+	return e.deadlineOf(r, e.policy.Estimate(r.observations(r.nextStep())))
+}
+
+// deadlineOf is B with the estimates est, and when the rule fires with them.
+func (e *Engine) deadlineOf(r *runState, est deadline.Estimates) *v1.Deadline {
 	d := &v1.Deadline{
 		MustSaveBy:         r.rec.Run.Deadline.GetMustSaveBy(),
 		IterationSeconds:   est.Iteration,
 		CheckpointSeconds:  est.Checkpoint,
 		SaveReserveSeconds: est.Reserve,
 		MarginSeconds:      est.Margin,
+	}
+	if est.RegularSaveFollows {
+		d.RegularSaveSeconds = proto.Float64(est.RegularSave)
 	}
 	if r.rec.ManualFirePending {
 		d.TriggerPending = r.rec.ManualFireReason

@@ -106,8 +106,9 @@ func (m *mut) observeIteration(st *storagev1.StepRecord, sec float64) {
 // deadline if it says so.
 func (m *mut) decide(step int64) *v1.Decision {
 	r := m.r
-	est := m.e.policy.Estimate(r.observations())
-	d := &v1.Decision{Step: step, DecidedAt: m.ts(), Inputs: m.e.deadlineView(r)}
+	m.decidedLate(step, fmt.Sprintf("step %d was decided", step))
+	est := m.e.policy.Estimate(r.observations(step))
+	d := &v1.Decision{Step: step, DecidedAt: m.ts(), Inputs: m.e.deadlineOf(r, est)}
 	switch {
 	case r.fired() && r.rec.Run.FireKind != v1.DeadlineFireKind_DEADLINE_FIRE_KIND_PRE_STEP && step < r.rec.Run.FiredAtStep:
 		// A late first question about an earlier step: the ranks must still
@@ -154,6 +155,7 @@ func (m *mut) fire(kind v1.DeadlineFireKind, step int64, why string) {
 	r.rec.Run.FireKind = kind
 	r.rec.Run.FiredAtStep = step
 	r.rec.ManualFirePending = false
+	m.decidedLate(step, "the deadline fired "+firedWhere(r))
 	m.disarm(timerPreStep)
 	m.disarm(timerInterval)
 	m.event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_DEADLINE_FIRED, Step: step,
@@ -175,7 +177,7 @@ func (m *mut) armPreStep() {
 		m.disarm(timerPreStep)
 		return
 	}
-	at := m.e.policy.PreStepFiresAt(b, m.e.policy.Estimate(r.observations()))
+	at := m.e.policy.PreStepFiresAt(b, m.e.policy.Estimate(r.observations(0)))
 	m.arm(timerPreStep, at, func(m *mut) {
 		// A first step that completed while this callback waited for the
 		// lock makes it stale: it saves nothing.

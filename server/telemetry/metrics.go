@@ -32,6 +32,7 @@ const (
 	MetricSnapshotDuration    = "snapcoord.snapshot.duration"
 	MetricDecisions           = "snapcoord.decisions"
 	MetricDeadlineFires       = "snapcoord.deadline.fires"
+	MetricDeadlineMissed      = "snapcoord.deadline.missed"
 	MetricStoreCommitDuration = "snapcoord.store.commit.duration"
 	MetricStoreCommitBatches  = "snapcoord.store.commit.batches"
 )
@@ -57,6 +58,7 @@ type metrics struct {
 	snapshotDuration metric.Float64Histogram
 	decisions        metric.Int64Counter
 	deadlineFires    metric.Int64Counter
+	deadlineMissed   metric.Int64Counter
 	commitDuration   metric.Float64Histogram
 	commitBatches    metric.Int64Histogram
 
@@ -111,6 +113,9 @@ func (m *metrics) instruments(meter metric.Meter) error {
 	try(e)
 	m.deadlineFires, e = meter.Int64Counter(MetricDeadlineFires, metric.WithUnit("{fire}"),
 		metric.WithDescription("Deadlines fired, by kind (step, pre_step, manual)."))
+	try(e)
+	m.deadlineMissed, e = meter.Int64Counter(MetricDeadlineMissed, metric.WithUnit("{run}"),
+		metric.WithDescription("Runs that missed their deadline (once per run), by cause: decided_after_deadline, running_at_deadline, saving_at_deadline, save_ended_after_deadline."))
 	try(e)
 	m.commitDuration, e = meter.Float64Histogram(MetricStoreCommitDuration, metric.WithUnit("s"),
 		metric.WithDescription("Duration of one bbolt group commit, fsyncs included."),
@@ -215,6 +220,10 @@ func (m *metrics) decision(a v1.StepAction) {
 
 func (m *metrics) deadlineFired(k v1.DeadlineFireKind) {
 	m.deadlineFires.Add(context.Background(), 1, m.attrs.get(attrKey{k1: "kind", v1: label(k.String(), "DEADLINE_FIRE_KIND_")}))
+}
+
+func (m *metrics) deadlineMissedBy(cause engine.MissCause) {
+	m.deadlineMissed.Add(context.Background(), 1, m.attrs.get(attrKey{k1: "cause", v1: string(cause)}))
 }
 
 func (m *metrics) commandIssued(kind string) {

@@ -170,6 +170,13 @@ func (t *Telemetry) DeadlineFired(ctx context.Context, runID string, step int64,
 		attribute.String("snapcoord.fire_kind", kind.String()))
 }
 
+// DeadlineMissed implements engine.Observer: the counter, and a
+// "deadline.missed" span.
+func (t *Telemetry) DeadlineMissed(ctx context.Context, runID string, cause engine.MissCause) {
+	t.metrics.deadlineMissedBy(cause)
+	t.tracing.interval(ctx, "deadline.missed", 0, attribute.String(AttrRunID, runID), attribute.String("snapcoord.miss_cause", string(cause)))
+}
+
 // CommandIssued implements engine.Observer.
 func (t *Telemetry) CommandIssued(_ context.Context, kind string) { t.metrics.commandIssued(kind) }
 

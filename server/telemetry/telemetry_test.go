@@ -232,6 +232,7 @@ func TestMetricsExposeTheNamedSeries(t *testing.T) {
 	obs.Decision(ctx, "r", 2, v1.StepAction_STEP_ACTION_CONTINUE)
 	obs.Decision(ctx, "r", 3, v1.StepAction_STEP_ACTION_SAVE_AND_STOP)
 	obs.DeadlineFired(ctx, "r", 3, v1.DeadlineFireKind_DEADLINE_FIRE_KIND_STEP)
+	obs.DeadlineMissed(ctx, "r", engine.MissedSavingAtB)
 	obs.CommandIssued(ctx, "save_at_deadline")
 	obs.CommandDelivered(ctx, "save_at_deadline", 30*time.Millisecond)
 	obs.SnapshotCompleted(ctx, "r", "snap-1", v1.SnapshotReason_SNAPSHOT_REASON_DEADLINE, v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SAVED, 12.5)
@@ -251,6 +252,7 @@ func TestMetricsExposeTheNamedSeries(t *testing.T) {
 		{"snapcoord_decisions_total", map[string]string{"action": "continue"}, 2},
 		{"snapcoord_decisions_total", map[string]string{"action": "save_and_stop"}, 1},
 		{"snapcoord_deadline_fires_total", map[string]string{"kind": "step"}, 1},
+		{"snapcoord_deadline_missed_total", map[string]string{"cause": "saving_at_deadline"}, 1},
 		{"snapcoord_commands_issued_total", map[string]string{"kind": "save_at_deadline"}, 1},
 		{"snapcoord_command_delivery_duration_seconds", map[string]string{"kind": "save_at_deadline"}, 1},
 		{"snapcoord_snapshot_duration_seconds", map[string]string{"reason": "deadline", "outcome": "saved"}, 1},

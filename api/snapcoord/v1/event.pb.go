@@ -194,9 +194,11 @@ type Decision struct {
 	Action StepAction `protobuf:"varint,2,opt,name=action,proto3,enum=snapcoord.v1.StepAction" json:"action,omitempty"`
 	// When the coordinator decided.
 	DecidedAt *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=decided_at,json=decidedAt,proto3" json:"decided_at,omitempty"`
-	// I, C, R, M and B as they stood at the decision.
+	// I, C, R, M and B as they stood at the decision, and S when a regular
+	// save follows the step.
 	Inputs *Deadline `protobuf:"bytes,4,opt,name=inputs,proto3" json:"inputs,omitempty"`
-	// The rule applied, in words: "now+I+C+R+M = ... < B = ...".
+	// The rule applied, in words: "now+I+C+R+M = ... < B = ...", or
+	// "now+S+I+C+R+M = ..." at a step a regular save follows.
 	Explanation   string `protobuf:"bytes,5,opt,name=explanation,proto3" json:"explanation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

@@ -175,7 +175,8 @@ type DeadlineFireKind int32
 const (
 	// Not fired.
 	DeadlineFireKind_DEADLINE_FIRE_KIND_UNSPECIFIED DeadlineFireKind = 0
-	// A completed step met now + I + C + R + M >= B.
+	// A completed step met now + I + C + R + M >= B (+ S at a step a regular
+	// save follows: Deadline.regular_save_seconds).
 	DeadlineFireKind_DEADLINE_FIRE_KIND_STEP DeadlineFireKind = 1
 	// No step had completed by B - (C + R + M): the bootstrap state (step 0)
 	// was snapshotted.
@@ -336,8 +337,19 @@ type CheckpointingSpec struct {
 	// are saved: at the deadline the coordinator sends PublishCheckpoint and
 	// waits for one CHECKPOINT_PHASE_PUBLISHED report.
 	DeferredFinalize bool `protobuf:"varint,3,opt,name=deferred_finalize,json=deferredFinalize,proto3" json:"deferred_finalize,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The trainer saves a regular checkpoint after every step whose number is
+	// a multiple of this (NeMo RL's checkpointing.save_period: steps 10, 20,
+	// ... for 10), before its next iteration. The deadline rule then counts
+	// that save in its look-ahead at such a step (Deadline.regular_save_seconds),
+	// and when continuing past it is no longer safe, answers SAVE_AND_STOP at
+	// that step: its regular save becomes the deadline save. 0 (the default):
+	// the trainer declares no regular saves and the rule counts none. A spec
+	// field rather than a per-step one so that every rank, the decision
+	// (taken once, by the first rank to complete the step) and
+	// Deadline.fires_at agree on it before the step completes.
+	CheckpointEverySteps int32 `protobuf:"varint,4,opt,name=checkpoint_every_steps,json=checkpointEverySteps,proto3" json:"checkpoint_every_steps,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *CheckpointingSpec) Reset() {
@@ -389,6 +401,13 @@ func (x *CheckpointingSpec) GetDeferredFinalize() bool {
 		return x.DeferredFinalize
 	}
 	return false
+}
+
+func (x *CheckpointingSpec) GetCheckpointEverySteps() int32 {
+	if x != nil {
+		return x.CheckpointEverySteps
+	}
+	return 0
 }
 
 // RolloutCheckpointingSpec decides when environment snapshots are taken,
@@ -603,15 +622,25 @@ type Deadline struct {
 	SaveReserveSeconds float64 `protobuf:"fixed64,4,opt,name=save_reserve_seconds,json=saveReserveSeconds,proto3" json:"save_reserve_seconds,omitempty"`
 	// M: the margin from the spec.
 	MarginSeconds float64 `protobuf:"fixed64,5,opt,name=margin_seconds,json=marginSeconds,proto3" json:"margin_seconds,omitempty"`
-	// B - (I + C + R + M): a step completing at or after this time gets
-	// SAVE_AND_STOP. Unset when the run has no deadline.
+	// B - (S + I + C + R + M): the next step (last_step + 1) completing at or
+	// after this time gets SAVE_AND_STOP; S counts only when a regular save
+	// follows that step (regular_save_seconds). Before the first step, whose
+	// number is not known, S is not counted. In a Decision's inputs: the same
+	// for the decided step. Unset when the run has no deadline.
 	FiresAt *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=fires_at,json=firesAt,proto3" json:"fires_at,omitempty"`
 	// Set by TriggerDeadline after the first step, until the deadline fires:
 	// the next step to complete gets SAVE_AND_STOP, whatever fires_at says.
 	// The reason given to TriggerDeadline.
 	TriggerPending string `protobuf:"bytes,7,opt,name=trigger_pending,json=triggerPending,proto3" json:"trigger_pending,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// S: the regular save that follows the step (checkpointing.checkpoint_every_steps),
+	// which runs before the next iteration: C, plus R when a snapshot follows
+	// each trainer checkpoint (turn/prefix level with
+	// rollout_checkpointing.snapshot_on_trainer_checkpoint), since environment
+	// workers snapshot before they serve the next iteration's rollouts. Unset
+	// when no regular save follows the step.
+	RegularSaveSeconds *float64 `protobuf:"fixed64,8,opt,name=regular_save_seconds,json=regularSaveSeconds,proto3,oneof" json:"regular_save_seconds,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *Deadline) Reset() {
@@ -693,6 +722,13 @@ func (x *Deadline) GetTriggerPending() string {
 	return ""
 }
 
+func (x *Deadline) GetRegularSaveSeconds() float64 {
+	if x != nil && x.RegularSaveSeconds != nil {
+		return *x.RegularSaveSeconds
+	}
+	return 0
+}
+
 // Run is one training job as the coordinator sees it.
 type Run struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -722,9 +758,21 @@ type Run struct {
 	// When the run reached its terminal state; unset while live.
 	EndedAt *timestamppb.Timestamp `protobuf:"bytes,12,opt,name=ended_at,json=endedAt,proto3" json:"ended_at,omitempty"`
 	// Sequence number of the latest run event (WatchRun after_seq).
-	LastEventSeq  int64 `protobuf:"varint,13,opt,name=last_event_seq,json=lastEventSeq,proto3" json:"last_event_seq,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	LastEventSeq int64 `protobuf:"varint,13,opt,name=last_event_seq,json=lastEventSeq,proto3" json:"last_event_seq,omitempty"`
+	// The deadline was missed: a step was decided at or after B (whatever the
+	// answer), B passed while the run was RUNNING or its deadline save was
+	// still going (SAVING, SNAPSHOTTING), or the deadline save ended at or
+	// after B. Set once, with a WARNING event; never cleared, not even by
+	// UpdateDeadline. After a coordinator restart, a save that ends within the
+	// restart grace is not judged late (its reports may have been held up by
+	// the outage).
+	DeadlineMissed bool `protobuf:"varint,14,opt,name=deadline_missed,json=deadlineMissed,proto3" json:"deadline_missed,omitempty"`
+	// When the coordinator found the deadline missed; unset if it was not.
+	DeadlineMissedAt *timestamppb.Timestamp `protobuf:"bytes,15,opt,name=deadline_missed_at,json=deadlineMissedAt,proto3" json:"deadline_missed_at,omitempty"`
+	// How it was missed, in words, with the times.
+	DeadlineMissedReason string `protobuf:"bytes,16,opt,name=deadline_missed_reason,json=deadlineMissedReason,proto3" json:"deadline_missed_reason,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *Run) Reset() {
@@ -848,6 +896,27 @@ func (x *Run) GetLastEventSeq() int64 {
 	return 0
 }
 
+func (x *Run) GetDeadlineMissed() bool {
+	if x != nil {
+		return x.DeadlineMissed
+	}
+	return false
+}
+
+func (x *Run) GetDeadlineMissedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.DeadlineMissedAt
+	}
+	return nil
+}
+
+func (x *Run) GetDeadlineMissedReason() string {
+	if x != nil {
+		return x.DeadlineMissedReason
+	}
+	return ""
+}
+
 var File_snapcoord_v1_run_proto protoreflect.FileDescriptor
 
 const file_snapcoord_v1_run_proto_rawDesc = "" +
@@ -860,12 +929,13 @@ const file_snapcoord_v1_run_proto_rawDesc = "" +
 	"\rcheckpointing\x18\x03 \x01(\v2\x1f.snapcoord.v1.CheckpointingSpecR\rcheckpointing\x12[\n" +
 	"\x15rollout_checkpointing\x18\x04 \x01(\v2&.snapcoord.v1.RolloutCheckpointingSpecR\x14rolloutCheckpointing\x12L\n" +
 	"\x10rollout_recovery\x18\x05 \x01(\v2!.snapcoord.v1.RolloutRecoverySpecR\x0frolloutRecovery\x123\n" +
-	"\areserve\x18\x06 \x01(\v2\x19.snapcoord.v1.ReserveSpecR\areserve\"\xbe\x01\n" +
+	"\areserve\x18\x06 \x01(\v2\x19.snapcoord.v1.ReserveSpecR\areserve\"\xfd\x01\n" +
 	"\x11CheckpointingSpec\x12>\n" +
 	"\x17checkpoint_must_save_by\x18\x01 \x01(\tB\a\xbaH\x04r\x02\x18 R\x14checkpointMustSaveBy\x12<\n" +
 	"\fmust_save_by\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"mustSaveBy\x12+\n" +
-	"\x11deferred_finalize\x18\x03 \x01(\bR\x10deferredFinalize\"\xf9\x02\n" +
+	"\x11deferred_finalize\x18\x03 \x01(\bR\x10deferredFinalize\x12=\n" +
+	"\x16checkpoint_every_steps\x18\x04 \x01(\x05B\a\xbaH\x04\x1a\x02(\x00R\x14checkpointEverySteps\"\xf9\x02\n" +
 	"\x18RolloutCheckpointingSpec\x12O\n" +
 	"\x1bsnapshot_attempt_interval_s\x18\x01 \x01(\x05B\v\xbaH\b\x1a\x06\x18\x80\xf5$(\x01H\x00R\x18snapshotAttemptIntervalS\x88\x01\x01\x12H\n" +
 	"\x1esnapshot_on_trainer_checkpoint\x18\x02 \x01(\bH\x01R\x1bsnapshotOnTrainerCheckpoint\x88\x01\x01\x12D\n" +
@@ -883,7 +953,7 @@ const file_snapcoord_v1_run_proto_rawDesc = "" +
 	"\x1bexpected_checkpoint_seconds\x18\x03 \x01(\x01B\x19\xbaH\x16\x12\x14@\x01\x19\x00\x00\x00\x00\x80\xc6CA)\x00\x00\x00\x00\x00\x00\x00\x00H\x00R\x19expectedCheckpointSeconds\x88\x01\x01\x12Z\n" +
 	"\x19expected_snapshot_seconds\x18\x04 \x01(\x01B\x19\xbaH\x16\x12\x14@\x01\x19\x00\x00\x00\x00\x80\xc6CA)\x00\x00\x00\x00\x00\x00\x00\x00H\x01R\x17expectedSnapshotSeconds\x88\x01\x01B\x1e\n" +
 	"\x1c_expected_checkpoint_secondsB\x1c\n" +
-	"\x1a_expected_snapshot_seconds\"\xdd\x02\n" +
+	"\x1a_expected_snapshot_seconds\"\xad\x03\n" +
 	"\bDeadline\x12<\n" +
 	"\fmust_save_by\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"mustSaveBy\x12+\n" +
@@ -892,7 +962,9 @@ const file_snapcoord_v1_run_proto_rawDesc = "" +
 	"\x14save_reserve_seconds\x18\x04 \x01(\x01R\x12saveReserveSeconds\x12%\n" +
 	"\x0emargin_seconds\x18\x05 \x01(\x01R\rmarginSeconds\x125\n" +
 	"\bfires_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\afiresAt\x12'\n" +
-	"\x0ftrigger_pending\x18\a \x01(\tR\x0etriggerPending\"\xcf\x04\n" +
+	"\x0ftrigger_pending\x18\a \x01(\tR\x0etriggerPending\x125\n" +
+	"\x14regular_save_seconds\x18\b \x01(\x01H\x00R\x12regularSaveSeconds\x88\x01\x01B\x17\n" +
+	"\x15_regular_save_seconds\"\xf8\x05\n" +
 	"\x03Run\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12,\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x16.snapcoord.v1.RunStateR\x05state\x12)\n" +
@@ -908,7 +980,10 @@ const file_snapcoord_v1_run_proto_rawDesc = "" +
 	" \x01(\x0e2\x1e.snapcoord.v1.DeadlineFireKindR\bfireKind\x12\x1b\n" +
 	"\tlast_step\x18\v \x01(\x03R\blastStep\x125\n" +
 	"\bended_at\x18\f \x01(\v2\x1a.google.protobuf.TimestampR\aendedAt\x12$\n" +
-	"\x0elast_event_seq\x18\r \x01(\x03R\flastEventSeq*\xe4\x01\n" +
+	"\x0elast_event_seq\x18\r \x01(\x03R\flastEventSeq\x12'\n" +
+	"\x0fdeadline_missed\x18\x0e \x01(\bR\x0edeadlineMissed\x12H\n" +
+	"\x12deadline_missed_at\x18\x0f \x01(\v2\x1a.google.protobuf.TimestampR\x10deadlineMissedAt\x124\n" +
+	"\x16deadline_missed_reason\x18\x10 \x01(\tR\x14deadlineMissedReason*\xe4\x01\n" +
 	"\bRunState\x12\x19\n" +
 	"\x15RUN_STATE_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11RUN_STATE_PENDING\x10\x01\x12\x15\n" +
@@ -976,11 +1051,12 @@ var file_snapcoord_v1_run_proto_depIdxs = []int32{
 	10, // 13: snapcoord.v1.Run.fired_at:type_name -> google.protobuf.Timestamp
 	2,  // 14: snapcoord.v1.Run.fire_kind:type_name -> snapcoord.v1.DeadlineFireKind
 	10, // 15: snapcoord.v1.Run.ended_at:type_name -> google.protobuf.Timestamp
-	16, // [16:16] is the sub-list for method output_type
-	16, // [16:16] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	10, // 16: snapcoord.v1.Run.deadline_missed_at:type_name -> google.protobuf.Timestamp
+	17, // [17:17] is the sub-list for method output_type
+	17, // [17:17] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_snapcoord_v1_run_proto_init() }
@@ -990,6 +1066,7 @@ func file_snapcoord_v1_run_proto_init() {
 	}
 	file_snapcoord_v1_run_proto_msgTypes[2].OneofWrappers = []any{}
 	file_snapcoord_v1_run_proto_msgTypes[4].OneofWrappers = []any{}
+	file_snapcoord_v1_run_proto_msgTypes[5].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{

@@ -1,0 +1,1 @@
+"""Generated code of the buf.validate annotations that ``snapcoord.v1`` imports."""

@@ -1,0 +1,1 @@
+"""Generated code of ``buf/validate/validate.proto`` (``make generate``)."""

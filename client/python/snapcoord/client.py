@@ -1,0 +1,363 @@
+"""Connecting to the coordinator: ``connect()`` and ``Client``."""
+
+from __future__ import annotations
+
+import collections
+import os
+import re
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
+
+import grpc
+
+from snapcoord import errors
+from snapcoord._retry import DEFAULT_RETRY, FOLLOW_MAX_WAIT, RETRIED_METHODS, RetryPolicy
+from snapcoord.v1 import run_pb2, run_service_pb2, run_service_pb2_grpc, worker_pb2, worker_service_pb2_grpc
+
+if TYPE_CHECKING:  # imported where used: they import this module
+    from snapcoord.env_worker import EnvWorker
+    from snapcoord.trainer import Trainer
+
+DEFAULT_ADDR = "127.0.0.1:7070"
+_WORKER_PREFIX = "/snapcoord.v1.WorkerService/"
+
+# Reconnect within about a second of a coordinator restart (gRPC's default
+# waits up to two minutes), so that a worker hears a command issued then in
+# time; notice a dead coordinator under an idle command stream. As the Go
+# client's dial.go; 30 s pings are above the server's minimum interval (10 s).
+_CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", int(FOLLOW_MAX_WAIT * 1000)),
+    ("grpc.keepalive_time_ms", 30_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+)
+
+
+@dataclass(frozen=True)
+class TLS:
+    """The files of a TLS or mutual-TLS connection (PEM)."""
+
+    #: CAs that may sign the server's certificate; None: the system roots.
+    ca_file: Optional[str] = None
+    #: The client's certificate and key, for mutual TLS (both or neither).
+    cert_file: Optional[str] = None
+    key_file: Optional[str] = None
+    #: The name checked in the server's certificate, when it is not the
+    #: host part of the address.
+    server_name: Optional[str] = None
+
+
+class _Details(
+    collections.namedtuple("_Details", ("method", "timeout", "metadata", "credentials", "wait_for_ready", "compression")),
+    grpc.ClientCallDetails,
+):
+    pass
+
+
+def _with(details: grpc.ClientCallDetails, **changes: Any) -> _Details:
+    fields = {name: getattr(details, name, None) for name in _Details._fields}
+    fields.update(changes)
+    return _Details(**fields)
+
+
+class _Bearer(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
+    """Adds ``authorization: Bearer``: the run token to WorkerService calls,
+    the admin token to the others. An interceptor rather than call
+    credentials, which gRPC refuses on a plaintext (loopback) channel."""
+
+    def __init__(self, admin: str, run: str) -> None:
+        self._admin, self._run = admin, run
+
+    def _attach(self, details: grpc.ClientCallDetails) -> grpc.ClientCallDetails:
+        token = self._run if details.method.startswith(_WORKER_PREFIX) else self._admin
+        metadata = list(details.metadata or ())
+        if not token or any(k == "authorization" for k, _ in metadata):
+            return details  # a caller that set its own keeps it
+        return _with(details, metadata=metadata + [("authorization", "Bearer " + token)])
+
+    def intercept_unary_unary(self, continuation, details, request):  # type: ignore[override]
+        return continuation(self._attach(details), request)
+
+    def intercept_unary_stream(self, continuation, details, request):  # type: ignore[override]
+        return continuation(self._attach(details), request)
+
+
+class _Retry(grpc.UnaryUnaryClientInterceptor):
+    """Retries the methods in RETRIED_METHODS on UNAVAILABLE (see RetryPolicy).
+
+    A call's timeout bounds all its attempts together, as a Go context does.
+    """
+
+    def __init__(self, policy: RetryPolicy) -> None:
+        self._policy = policy
+
+    def intercept_unary_unary(self, continuation, details, request):  # type: ignore[override]
+        if self._policy.max_attempts <= 1 or details.method not in RETRIED_METHODS:
+            return continuation(details, request)
+        deadline = None if details.timeout is None else time.monotonic() + details.timeout
+        attempt = 0
+        while True:
+            attempt += 1
+            call = continuation(details, request)
+            if call.code() != grpc.StatusCode.UNAVAILABLE or attempt >= self._policy.max_attempts:
+                return call
+            wait = self._policy.backoff(attempt)
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= wait:
+                    return call
+                details = _with(details, timeout=left - wait)
+            time.sleep(wait)
+
+
+class Client:
+    """One connection to a coordinator, with stubs for both services.
+
+    ``runs`` (RunService) carries the admin token and ``workers``
+    (WorkerService) the run token; both retry the calls in RETRIED_METHODS and
+    raise ``grpc.RpcError`` (convert with ``snapcoord.errors.from_rpc_error``).
+    The helpers (``create_run``, ``trainer``, ``env_worker``, ...) raise
+    ``SnapcoordError`` subclasses. Thread-safe; close it when done (or use it
+    as a context manager). Workers started from one Client share its
+    connection, which is what a process hosting many should do.
+    """
+
+    def __init__(
+        self,
+        channel: grpc.Channel,
+        *,
+        admin_token: str = "",
+        run_token: str = "",
+        run_id: str = "",
+        timeout: Optional[float] = None,
+        retry: RetryPolicy = DEFAULT_RETRY,
+    ) -> None:
+        self._channel = channel
+        bearer = _Bearer(admin_token, run_token)
+        retried = grpc.intercept_channel(channel, bearer, _Retry(retry))
+        once = grpc.intercept_channel(channel, bearer)
+        self.runs = run_service_pb2_grpc.RunServiceStub(retried)
+        self.workers = worker_service_pb2_grpc.WorkerServiceStub(retried)
+        # For a worker's periodic calls (heartbeats, polls, re-registration):
+        # the next tick is their retry, and holding one for 20 s would delay
+        # everything behind it.
+        self.workers_once = worker_service_pb2_grpc.WorkerServiceStub(once)
+        #: The run of SNAPCOORD_RUN_ID (or connect's run_id): the default of
+        #: trainer() and env_worker().
+        self.run_id = run_id
+        #: Default bound in seconds on each call with its retries; None: none.
+        self.timeout = timeout
+        self.retry = retry
+
+    def close(self) -> None:
+        """Closes the connection."""
+        self._channel.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def channel(self) -> grpc.Channel:
+        """The underlying channel, e.g. for a health stub."""
+        return self._channel
+
+    def call(self, method: Callable[..., Any], request: Any, timeout: Optional[float] = None) -> Any:
+        """Calls a unary stub method with the client's timeout, raising SnapcoordError."""
+        try:
+            return method(request, timeout=self.timeout if timeout is None else timeout)
+        except grpc.RpcError as err:
+            raise errors.from_rpc_error(err) from None
+
+    # RunService helpers, for launchers and tests.
+
+    def create_run(self, run_id: str, spec: run_pb2.RunSpec, timeout: Optional[float] = None) -> tuple[run_pb2.Run, str]:
+        """Creates a run and returns it with its run token.
+
+        A repeat with the same spec before any worker registered returns a new
+        token (the earlier one stops working); after that, an empty token.
+        """
+        resp = self.call(self.runs.CreateRun, run_service_pb2.CreateRunRequest(run_id=run_id, spec=spec), timeout)
+        return resp.run, resp.run_token
+
+    def get_run(self, run_id: str, timeout: Optional[float] = None) -> run_pb2.Run:
+        """The run: state, spec with defaults, deadline B and current estimates."""
+        return self.call(self.runs.GetRun, run_service_pb2.GetRunRequest(run_id=run_id), timeout).run
+
+    def run_workers(self, run_id: str, timeout: Optional[float] = None) -> list[worker_pb2.Worker]:
+        """All of a run's workers, following ListWorkers' pages."""
+        return self._all_pages(self.runs.ListWorkers, run_service_pb2.ListWorkersRequest(run_id=run_id), "workers", timeout)
+
+    def snapshots(self, run_id: str, timeout: Optional[float] = None) -> list[worker_pb2.Snapshot]:
+        """All of a run's environment snapshots, oldest first, following ListSnapshots' pages."""
+        return self._all_pages(self.runs.ListSnapshots, run_service_pb2.ListSnapshotsRequest(run_id=run_id), "snapshots", timeout)
+
+    def _all_pages(self, method: Callable[..., Any], request: Any, field: str, timeout: Optional[float]) -> list[Any]:
+        items: list[Any] = []
+        while True:
+            resp = self.call(method, request, timeout)
+            items.extend(getattr(resp, field))
+            if not resp.next_page_token:
+                return items
+            request.page_token = resp.next_page_token
+
+    # Workers.
+
+    def trainer(self, rank: int, **kwargs: Any) -> "Trainer":
+        """Registers a trainer rank: see ``snapcoord.Trainer``."""
+        from snapcoord.trainer import Trainer
+
+        return Trainer(self, rank, **kwargs)
+
+    def env_worker(self, name: str, **kwargs: Any) -> "EnvWorker":
+        """Registers an environment worker: see ``snapcoord.EnvWorker``."""
+        from snapcoord.env_worker import EnvWorker
+
+        return EnvWorker(self, name, **kwargs)
+
+
+def connect(
+    addr: Optional[str] = None,
+    *,
+    token: Optional[str] = None,
+    run_token: Optional[str] = None,
+    run_id: Optional[str] = None,
+    tls: Optional[TLS] = None,
+    plaintext: Optional[bool] = None,
+    timeout: Optional[float] = None,
+    retry: RetryPolicy = DEFAULT_RETRY,
+    options: Sequence[tuple[str, Any]] = (),
+    env: Optional[Mapping[str, str]] = None,
+) -> Client:
+    """Connects to the coordinator. The connection is made lazily: this fails
+    only on bad options, not on an unreachable coordinator.
+
+    Every argument left None is read from the same variables as snapctl:
+
+    ============================  =================================================
+    ``addr``                      ``SNAPCOORD_ADDR`` (default ``127.0.0.1:7070``)
+    ``token`` (admin, RunService) ``SNAPCOORD_TOKEN`` or ``SNAPCOORD_TOKEN_FILE``
+    ``run_token`` (WorkerService) ``SNAPCOORD_RUN_TOKEN`` or ``SNAPCOORD_RUN_TOKEN_FILE``
+    ``run_id``                    ``SNAPCOORD_RUN_ID``
+    ``plaintext``                 ``SNAPCOORD_PLAINTEXT`` (true/false)
+    ``tls``                       ``SNAPCOORD_CA_FILE``, ``SNAPCOORD_CERT_FILE``,
+                                  ``SNAPCOORD_KEY_FILE``, ``SNAPCOORD_SERVER_NAME``
+    ``timeout`` (seconds)         ``SNAPCOORD_TIMEOUT`` (``30s``, ``1m30s``, ``2.5``)
+    ============================  =================================================
+
+    As with snapctl, the connection is TLS (system roots unless a CA file is
+    given) unless plaintext is asked for; plaintext suits a coordinator on
+    loopback only, since tokens then travel in the clear. ``timeout`` bounds
+    each call together with its retries (None: no bound). ``options`` are
+    extra gRPC channel options.
+    """
+    env = os.environ if env is None else env
+    addr = addr or env.get("SNAPCOORD_ADDR") or DEFAULT_ADDR
+    admin = token if token is not None else _token_from_env(env, "SNAPCOORD_TOKEN")
+    run = run_token if run_token is not None else _token_from_env(env, "SNAPCOORD_RUN_TOKEN")
+    for tok in (admin, run):
+        _check_token(tok)
+    if tls is None:
+        tls = TLS(
+            ca_file=env.get("SNAPCOORD_CA_FILE") or None,
+            cert_file=env.get("SNAPCOORD_CERT_FILE") or None,
+            key_file=env.get("SNAPCOORD_KEY_FILE") or None,
+            server_name=env.get("SNAPCOORD_SERVER_NAME") or None,
+        )
+    if plaintext is None:
+        plaintext = _parse_bool("SNAPCOORD_PLAINTEXT", env.get("SNAPCOORD_PLAINTEXT", ""))
+    if timeout is None and env.get("SNAPCOORD_TIMEOUT"):
+        timeout = parse_duration("SNAPCOORD_TIMEOUT", env["SNAPCOORD_TIMEOUT"])
+    opts = list(_CHANNEL_OPTIONS) + list(options)
+    if plaintext:
+        if tls != TLS():
+            raise ValueError("snapcoord: plaintext excludes TLS files and server name (SNAPCOORD_PLAINTEXT and SNAPCOORD_CA_FILE, ...)")
+        channel = grpc.insecure_channel(addr, options=opts)
+    else:
+        if tls.server_name:
+            opts.append(("grpc.ssl_target_name_override", tls.server_name))
+        channel = grpc.secure_channel(addr, _credentials(tls), options=opts)
+    return Client(channel, admin_token=admin, run_token=run, run_id=run_id or env.get("SNAPCOORD_RUN_ID", ""), timeout=timeout, retry=retry)
+
+
+def _credentials(tls: TLS) -> grpc.ChannelCredentials:
+    if (tls.cert_file is None) != (tls.key_file is None):
+        raise ValueError("snapcoord: a client certificate needs both the certificate and the key file")
+    return grpc.ssl_channel_credentials(
+        root_certificates=_read(tls.ca_file, "CA file"),
+        private_key=_read(tls.key_file, "client key file"),
+        certificate_chain=_read(tls.cert_file, "client certificate file"),
+    )
+
+
+def _read(path: Optional[str], what: str) -> Optional[bytes]:
+    if path is None:
+        return None
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as err:
+        raise ValueError(f"snapcoord: read {what} {path}: {err.strerror}") from None
+
+
+def _token_from_env(env: Mapping[str, str], name: str) -> str:
+    token, path = env.get(name, ""), env.get(name + "_FILE", "")
+    if token and path:
+        raise ValueError(f"snapcoord: {name} and {name}_FILE exclude each other and are both set: unset one")
+    return read_token_file(path) if path else token
+
+
+def read_token_file(path: str) -> str:
+    """The one token in ``path``, written like the coordinator's token files:
+    surrounding whitespace, blank lines and lines starting with # are skipped.
+    Errors never quote a token."""
+    raw = _read(path, "token file")
+    assert raw is not None
+    tokens = [t for t in (line.strip() for line in raw.decode("utf-8", "replace").splitlines()) if t and not t.startswith("#")]
+    if len(tokens) != 1:
+        raise ValueError(f"snapcoord: token file {path} holds {len(tokens)} tokens: a client token file holds one")
+    _check_token(tokens[0], f" (token file {path})")
+    return tokens[0]
+
+
+def _check_token(token: str, where: str = "") -> None:
+    # What cannot travel as a metadata value; a stray newline from a file
+    # would otherwise fail every call obscurely.
+    if any(c <= " " or c > "~" for c in token):
+        raise ValueError("snapcoord: a token must be printable ASCII without spaces" + where)
+
+
+def _parse_bool(name: str, value: str) -> bool:
+    # Go's strconv.ParseBool, as snapctl reads SNAPCOORD_PLAINTEXT.
+    if value in ("", "0", "f", "F", "false", "FALSE", "False"):
+        return False
+    if value in ("1", "t", "T", "true", "TRUE", "True"):
+        return True
+    raise ValueError(f"snapcoord: {name}={value!r}: want true or false")
+
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(name: str, value: str) -> float:
+    """Seconds in a Go duration (``30s``, ``1m30s``, ``500ms``) or a plain number."""
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    pos, total = 0, 0.0
+    for m in _DURATION_PART.finditer(value):
+        if m.start() != pos:
+            break
+        total += float(m.group(1)) * _UNITS[m.group(2)]
+        pos = m.end()
+    if pos != len(value) or not value:
+        raise ValueError(f"snapcoord: {name}={value!r}: want a duration such as 30s or 1m30s")
+    return total

@@ -1,0 +1,117 @@
+"""``Trainer``: one trainer rank's view of the coordinator."""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable, Optional
+
+from snapcoord._worker import _Handle, _Worker
+from snapcoord.client import Client
+from snapcoord.types import Command, CommandKind, Decision, Phase, RunState
+from snapcoord.v1 import worker_pb2, worker_service_pb2 as ws
+
+
+class Trainer(_Handle):
+    """A registered trainer rank (one per rank process).
+
+    It registers on creation (with a new incarnation), heartbeats on a daemon
+    thread, and follows the run's commands for trainers: ``PublishCheckpoint``
+    (deferred finalize) and ``Stop``. After every step, ``complete_step``
+    returns the coordinator's decision, the same for every rank::
+
+        with snapcoord.connect() as client, client.trainer(rank) as trainer:
+            for step in range(first_step, last_step + 1):
+                t0 = time.monotonic()
+                train_one_step()
+                decision = trainer.complete_step(step, time.monotonic() - t0)
+                if decision.should_save:
+                    seconds = save_checkpoint(step)
+                    trainer.report_checkpoint(step, Phase.SAVED, seconds)
+                if decision.should_stop:
+                    break
+
+    If another process registers under the same name (a replacement started
+    while this one still ran), every call raises ``SupersededError``: this
+    process must stop. ``close()`` (or leaving the ``with`` block)
+    deregisters.
+
+    ``on_publish(step)``, if given, is called on the command thread for each
+    ``PublishCheckpoint`` and must make ``step_N`` visible; the rank then
+    reports it PUBLISHED. Without it, those commands come from
+    ``commands()`` / ``next_command()`` like the Stop.
+    """
+
+    def __init__(
+        self,
+        client: Client,
+        rank: int,
+        *,
+        run_id: Optional[str] = None,
+        name: Optional[str] = None,
+        on_publish: Optional[Callable[[int], None]] = None,
+        poll: bool = False,
+        poll_wait: float = 30.0,
+        logger: Optional[logging.Logger] = None,
+    ) -> None:
+        self._c = client
+        self._on_publish = on_publish
+        self.rank = rank
+        #: The run this rank belongs to.
+        self.run_id = run_id or client.run_id
+        self._w = _Worker(
+            client,
+            run_id=self.run_id,
+            role=worker_pb2.WORKER_ROLE_TRAINER,
+            name=name or f"rank-{rank}",
+            rank=rank,
+            poll=poll,
+            poll_wait=poll_wait,
+            replay=False,
+            handler=self._publish if on_publish else None,
+            logger=logger,
+        )
+
+    def complete_step(self, step: int, iteration_seconds: float, timeout: Optional[float] = None) -> Decision:
+        """Reports that ``step`` (from 1) finished after ``iteration_seconds``
+        and returns what to do: continue, save this step's checkpoint and stop,
+        or stop. The decision is made once per step; a repeat gets the same."""
+
+        def call(inc: int) -> ws.CompleteStepResponse:
+            req = ws.CompleteStepRequest(
+                run_id=self.run_id, worker_id=self._w.worker_id, step=step, iteration_seconds=iteration_seconds, incarnation=inc
+            )
+            return self._c.workers.CompleteStep(req, timeout=self._timeout(timeout))
+
+        return Decision.from_response(self._w.fenced(call))
+
+    def report_checkpoint(
+        self, step: int, phase: Phase = Phase.SAVED, save_seconds: float = 0.0, timeout: Optional[float] = None
+    ) -> RunState:
+        """Reports this rank's checkpoint of ``step``: SAVED after writing it
+        (``save_seconds`` feeds C), PUBLISHED once step_N is visible (deferred
+        finalize only). Safe to repeat."""
+
+        def call(inc: int) -> ws.ReportCheckpointResponse:
+            req = ws.ReportCheckpointRequest(
+                run_id=self.run_id, worker_id=self._w.worker_id, step=step, phase=phase, save_seconds=save_seconds, incarnation=inc
+            )
+            return self._c.workers.ReportCheckpoint(req, timeout=self._timeout(timeout))
+
+        return RunState(self._w.fenced(call).run_state)
+
+    def finish_run(self, timeout: Optional[float] = None) -> RunState:
+        """Training ended normally: the run becomes COMPLETED."""
+
+        def call(inc: int) -> ws.FinishRunResponse:
+            req = ws.FinishRunRequest(run_id=self.run_id, worker_id=self._w.worker_id, incarnation=inc)
+            return self._c.workers.FinishRun(req, timeout=self._timeout(timeout))
+
+        return RunState(self._w.fenced(call).run_state)
+
+    def _publish(self, cmd: Command) -> bool:
+        if cmd.kind != CommandKind.PUBLISH_CHECKPOINT:
+            return False
+        assert self._on_publish is not None
+        self._on_publish(cmd.step)
+        self.report_checkpoint(cmd.step, Phase.PUBLISHED)
+        return True

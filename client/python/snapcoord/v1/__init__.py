@@ -1,0 +1,1 @@
+"""Generated protobuf and gRPC code of the ``snapcoord.v1`` API (``make generate``)."""

@@ -1,0 +1,149 @@
+"""connect(): variables, tokens, TLS and mutual TLS against the real
+coordinator; the retry interceptor against a fake call."""
+
+from __future__ import annotations
+
+import pathlib
+import subprocess
+import time
+from typing import Any
+
+import grpc
+import pytest
+from conftest import Coordinator, run_spec
+
+import snapcoord
+from snapcoord._retry import RETRIED_METHODS, RetryPolicy
+from snapcoord._worker import poll_wait_seconds
+from snapcoord.client import _Details, _Retry, parse_duration, read_token_file
+
+ADMIN_TOKEN = "admin-token-0123456789abcdef"
+
+
+def make_pki(d: pathlib.Path) -> dict[str, str]:
+    """A CA, a server certificate for snapcoord.test and 127.0.0.1, a client certificate."""
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=d, check=True, capture_output=True)
+
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca-key.pem", "-out", "ca.pem", "-days", "1", "-subj", "/CN=test-ca")
+    for name, ext in (("server", "subjectAltName=DNS:snapcoord.test,IP:127.0.0.1"), ("client", "extendedKeyUsage=clientAuth")):
+        openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}-key.pem", "-out", f"{name}.csr", "-subj", f"/CN={name}")
+        (d / f"{name}.ext").write_text(ext + "\n")
+        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca-key.pem", "-CAcreateserial",
+                "-out", f"{name}.pem", "-days", "1", "-extfile", f"{name}.ext")  # fmt: skip
+    return {n: str(d / f"{n}.pem") for n in ("ca", "server", "server-key", "client", "client-key")}
+
+
+def test_mutual_tls_and_tokens_from_the_environment(snapcoord_bin: str, tmp_path: pathlib.Path) -> None:
+    pki = make_pki(tmp_path)
+    (tmp_path / "admin-tokens").write_text(f"# operators\n{ADMIN_TOKEN}\n")
+    creds = grpc.ssl_channel_credentials(
+        open(pki["ca"], "rb").read(), open(pki["client-key"], "rb").read(), open(pki["client"], "rb").read()
+    )
+    args = ("--tls-cert", pki["server"], "--tls-key", pki["server-key"], "--client-ca", pki["ca"],
+            "--admin-token-file", str(tmp_path / "admin-tokens"))  # fmt: skip
+    coord = Coordinator(snapcoord_bin, tmp_path, args, credentials=creds, server_name="snapcoord.test")
+    try:
+        env = {
+            "SNAPCOORD_ADDR": coord.addr,
+            "SNAPCOORD_CA_FILE": pki["ca"],
+            "SNAPCOORD_CERT_FILE": pki["client"],
+            "SNAPCOORD_KEY_FILE": pki["client-key"],
+            "SNAPCOORD_SERVER_NAME": "snapcoord.test",
+            "SNAPCOORD_TOKEN_FILE": str(tmp_path / "admin-tokens"),
+            "SNAPCOORD_TIMEOUT": "10s",
+        }
+        with snapcoord.connect(env=env) as admin:
+            assert admin.timeout == 10.0
+            _, token = admin.create_run("tls-run", run_spec(1, budget="00:01:00:00"))
+        (tmp_path / "run-token").write_text(token + "\n")
+        env.update(SNAPCOORD_RUN_ID="tls-run", SNAPCOORD_RUN_TOKEN_FILE=str(tmp_path / "run-token"))
+        with snapcoord.connect(env=env) as client, client.trainer(0) as trainer:
+            assert trainer.complete_step(1, 0.5).action == snapcoord.Action.CONTINUE
+
+        # A wrong admin token, and no client certificate: refused.
+        with snapcoord.connect(env=env, token="wrong-admin-token-0123456789") as admin:
+            with pytest.raises(snapcoord.AuthError) as err:
+                admin.get_run("tls-run")
+            assert err.value.code == grpc.StatusCode.UNAUTHENTICATED
+        no_cert = snapcoord.TLS(ca_file=pki["ca"], server_name="snapcoord.test")
+        with snapcoord.connect(coord.addr, tls=no_cert, token=ADMIN_TOKEN, timeout=5, retry=RetryPolicy(max_attempts=1), env={}) as c:
+            with pytest.raises(snapcoord.UnavailableError):
+                c.get_run("tls-run")
+    finally:
+        coord.stop()
+
+
+def test_environment_rules(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "tok").write_text("\n# comment\n  run-token-abcdef0123456789  \n\n")
+    assert read_token_file(str(tmp_path / "tok")) == "run-token-abcdef0123456789"
+    (tmp_path / "two").write_text("a-token-0123456789abcdef\nb-token-0123456789abcdef\n")
+    with pytest.raises(ValueError, match="holds 2 tokens") as err:
+        read_token_file(str(tmp_path / "two"))
+    assert "a-token" not in str(err.value)  # errors never quote a token
+    with pytest.raises(ValueError, match="exclude each other"):
+        snapcoord.connect(env={"SNAPCOORD_RUN_TOKEN": "x" * 20, "SNAPCOORD_RUN_TOKEN_FILE": str(tmp_path / "tok")})
+    with pytest.raises(ValueError, match="printable ASCII"):
+        snapcoord.connect(run_token="has space", env={})
+    with pytest.raises(ValueError, match="plaintext excludes"):
+        snapcoord.connect(env={"SNAPCOORD_PLAINTEXT": "true", "SNAPCOORD_CA_FILE": "ca.pem"})
+    with pytest.raises(ValueError, match="SNAPCOORD_PLAINTEXT"):
+        snapcoord.connect(env={"SNAPCOORD_PLAINTEXT": "yes"})
+    # An argument beats its variable.
+    c = snapcoord.connect("127.0.0.1:1", plaintext=True, run_id="mine", env={"SNAPCOORD_ADDR": "x:1", "SNAPCOORD_RUN_ID": "theirs"})
+    assert c.run_id == "mine"
+    c.close()
+    assert parse_duration("T", "1m30s") == 90 and parse_duration("T", "500ms") == 0.5 and parse_duration("T", "2.5") == 2.5
+    with pytest.raises(ValueError):
+        parse_duration("SNAPCOORD_TIMEOUT", "30 seconds")
+    assert [poll_wait_seconds(w) for w in (0, 0.2, 1.5, 30, 99999)] == [30, 1, 2, 30, 3600]
+
+
+class FakeCall:
+    """What a unary continuation returns: here, a call that ended with ``code``."""
+
+    def __init__(self, code: grpc.StatusCode) -> None:
+        self._code = code
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+
+def attempts(method: str, codes: list[grpc.StatusCode], policy: RetryPolicy, timeout: Any = None) -> int:
+    """How many attempts the retry interceptor makes when the calls end with codes, in turn."""
+    made = []
+
+    def continuation(details: grpc.ClientCallDetails, request: Any) -> FakeCall:
+        made.append(details.timeout)
+        return FakeCall(codes[min(len(made), len(codes)) - 1])
+
+    _Retry(policy).intercept_unary_unary(continuation, _Details(method, timeout, None, None, None, None), None)
+    return len(made)
+
+
+def test_retries_exactly_the_listed_methods_on_unavailable() -> None:
+    fast = RetryPolicy(max_attempts=4, base_delay=0.001, max_delay=0.002)
+    down = [grpc.StatusCode.UNAVAILABLE]
+    for method in RETRIED_METHODS:
+        assert attempts(method, down, fast) == 4, method
+    assert attempts("/snapcoord.v1.RunService/TriggerDeadline", down, fast) == 1
+    assert attempts("/snapcoord.v1.WorkerService/StreamCommands", down, fast) == 1
+    get_run = "/snapcoord.v1.RunService/GetRun"
+    assert attempts(get_run, [grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.OK], fast) == 2
+    for code in (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.INTERNAL):
+        assert attempts(get_run, [code], fast) == 1
+    assert attempts(get_run, down, RetryPolicy(max_attempts=1)) == 1
+    # The call's timeout bounds all attempts: none starts after it.
+    t0 = time.monotonic()
+    n = attempts(get_run, down, RetryPolicy(max_attempts=100, base_delay=0.05, max_delay=0.05, jitter=0), timeout=0.3)
+    assert 2 <= n <= 7 and time.monotonic() - t0 < 0.4
+
+
+def test_backoff_is_jittered_exponential_and_bounded() -> None:
+    p = RetryPolicy()
+    for attempt, nominal in ((1, 0.1), (2, 0.2), (3, 0.4), (7, 5.0), (60, 5.0)):
+        waits = [p.backoff(attempt) for _ in range(200)]
+        assert all(nominal * 0.8 <= w <= nominal * 1.2 for w in waits)
+        assert len(set(waits)) > 1  # jittered
+    assert max(p.follow_wait(n) for n in range(1, 20)) <= 1.0

@@ -1,0 +1,226 @@
+package main
+
+import (
+	"context"
+	"crypto/x509"
+	"fmt"
+	"net"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+	"github.com/snapcoord/snapcoord/internal/testpki"
+)
+
+// failFastBound is how long a connection that cannot come up may take to
+// fail: about two seconds, generous for a busy machine, where the client's
+// retries took 20 s and grpc-go's connect timeout alone is 5 s.
+const failFastBound = 2 * time.Second
+
+// noPlaintextEnv unsets the SNAPCOORD_PLAINTEXT=1 of server.env: these
+// tests are about what snapctl chooses without it.
+var noPlaintextEnv = []string{"SNAPCOORD_PLAINTEXT="}
+
+// A connection that never comes up fails at its first attempt, within
+// failFastBound, naming the address, the cause and what to change: each
+// case against a real loopback listener.
+func TestConnectionFailuresFailFast(t *testing.T) {
+	plain := startServer(t)
+	dir := t.TempDir()
+	ca := testpki.NewCA(t, dir, "ca")
+	other := testpki.NewCA(t, dir, "other-ca")
+	cert := ca.Issue(t, dir, "server", x509.ExtKeyUsageServerAuth)
+	tlsServer := startServer(t, "--tls-cert", cert.CertFile, "--tls-key", cert.KeyFile)
+	closed := closedPort(t)
+
+	for _, tc := range []struct {
+		name string
+		addr string
+		args []string
+		want []string // in stderr
+	}{
+		{"nothing listening", closed, nil,
+			[]string{"cannot connect to " + closed, "plaintext (the default for a loopback address)", "connection refused", "Is the coordinator running"}},
+		{"TLS client, plaintext coordinator", plain.addr, []string{"--plaintext=false"},
+			[]string{"cannot connect to " + plain.addr + " over TLS", "first record does not look like a TLS handshake", "pass --plaintext"}},
+		{"TLS client with a CA file, plaintext coordinator", plain.addr, []string{"--ca-file", ca.File},
+			[]string{"over TLS", "first record does not look like a TLS handshake", "pass --plaintext"}},
+		{"plaintext client by default, TLS coordinator", tlsServer.addr, nil,
+			[]string{"cannot connect to " + tlsServer.addr + " over plaintext (the default for a loopback address)", "give --ca-file", "--plaintext=false"}},
+		{"plaintext client, TLS coordinator", tlsServer.addr, []string{"--plaintext"},
+			[]string{"over plaintext:", "drop --plaintext", "--ca-file"}},
+		{"certificate of another CA", tlsServer.addr, []string{"--ca-file", other.File},
+			[]string{"over TLS", "certificate signed by unknown authority", "not signed by the CA in --ca-file " + other.File}},
+		{"no CA file for a private CA", tlsServer.addr, []string{"--plaintext=false"},
+			[]string{"over TLS", "certificate signed by unknown authority", "give --ca-file"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			args := append([]string{"--addr", tc.addr}, append(tc.args, "run", "list")...)
+			start := time.Now()
+			r := plain.snapctlEnv(noPlaintextEnv, args...)
+			took := time.Since(start)
+			if r.code != exitUnavailable {
+				t.Errorf("snapctl %v: exit %d, want %d\nstderr: %s", args, r.code, exitUnavailable, r.stderr)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(r.stderr, w) {
+					t.Errorf("snapctl %v: stderr lacks %q:\n%s", args, w, r.stderr)
+				}
+			}
+			t.Logf("failed in %v", took)
+			if took > failFastBound {
+				t.Errorf("snapctl %v took %v to fail, want at most %v", args, took, failFastBound)
+			}
+		})
+	}
+	// The same coordinators, told right, answer.
+	if r := plain.snapctlEnv(noPlaintextEnv, "run", "list"); r.code != 0 {
+		t.Errorf("run list against the plaintext coordinator, no transport flag: exit %d: %s", r.code, r.stderr)
+	}
+	if r := tlsServer.snapctlEnv(noPlaintextEnv, "run", "list", "--ca-file", ca.File); r.code != 0 {
+		t.Errorf("run list against the TLS coordinator with --ca-file: exit %d: %s", r.code, r.stderr)
+	}
+}
+
+// closedPort is a loopback address where nothing listens: a port the
+// kernel handed out and that was closed again.
+func closedPort(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return addr
+}
+
+// Told nothing, snapctl talks plaintext to a loopback address only; any
+// TLS flag or variable, or --plaintext=false, means TLS.
+func TestTransportDefault(t *testing.T) {
+	for _, tc := range []struct {
+		addr  string
+		env   map[string]string
+		flags map[string]bool
+		ca    string
+		plain bool
+	}{
+		{addr: "127.0.0.1:7070", plain: true},
+		{addr: "127.1.2.3:7070", plain: true},
+		{addr: "[::1]:7070", plain: true},
+		{addr: "localhost:7070", plain: true},
+		{addr: "coordinator.example:7070", plain: false},
+		{addr: "10.0.0.7:7070", plain: false},
+		{addr: "127.0.0.1:7070", ca: "ca.pem", plain: false},
+		{addr: "127.0.0.1:7070", env: map[string]string{"SNAPCOORD_PLAINTEXT": "false"}, plain: false},
+		{addr: "127.0.0.1:7070", flags: map[string]bool{"plaintext": true}, plain: false}, // --plaintext=false
+	} {
+		c := &cli{
+			env:  env{lookup: func(k string) (string, bool) { v, ok := tc.env[k]; return v, ok }},
+			conn: connConfig{addr: tc.addr, caFile: tc.ca}, setFlags: tc.flags,
+		}
+		if _, err := c.transport(); err != nil {
+			t.Fatalf("transport for %+v: %v", tc, err)
+		}
+		if c.conn.plainInUse != tc.plain {
+			t.Errorf("%s, env %v, flags %v, CA %q: plaintext %v, want %v", tc.addr, tc.env, tc.flags, tc.ca, c.conn.plainInUse, tc.plain)
+		}
+	}
+}
+
+// A host that accepts the connection and never answers holds snapctl for
+// --timeout, not longer, and the error says where and how long.
+func TestConnectionTimeoutNamesAddressAndBound(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		var held []net.Conn // accepted, never answered
+		defer func() {
+			for _, c := range held {
+				c.Close()
+			}
+		}()
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			held = append(held, c)
+		}
+	}()
+	s := &server{t: t, addr: l.Addr().String()}
+	start := time.Now()
+	r := s.snapctlEnv(noPlaintextEnv, "run", "list", "--timeout", "1s")
+	took := time.Since(start)
+	want := "cannot connect to " + s.addr + " over plaintext (the default for a loopback address): no connection within --timeout 1s"
+	if r.code != exitUnavailable || !strings.Contains(r.stderr, want) {
+		t.Errorf("exit %d, stderr %q; want %d with %q", r.code, r.stderr, exitUnavailable, want)
+	}
+	if took < time.Second || took > time.Second+failFastBound {
+		t.Errorf("took %v, want --timeout 1s", took)
+	}
+}
+
+// A call that times out once connected says which coordinator and which
+// bound, which grpc-go's "context deadline exceeded" does not.
+func TestTimeoutErrorNamesCoordinator(t *testing.T) {
+	var stderr strings.Builder
+	c := &cli{env: env{stderr: &stderr}, conn: connConfig{addr: "coord.example:7070", timeout: 3 * time.Second}}
+	err := fmt.Errorf("list runs: %w", status.Error(codes.DeadlineExceeded, "context deadline exceeded"))
+	if code := c.fail(err); code != exitUnavailable {
+		t.Errorf("exit %d, want %d", code, exitUnavailable)
+	}
+	want := "snapctl: list runs: DeadlineExceeded: context deadline exceeded (coordinator coord.example:7070, --timeout 3s)\n"
+	if stderr.String() != want {
+		t.Errorf("stderr %q, want %q", stderr.String(), want)
+	}
+}
+
+// unavailableRuns answers ListRuns UNAVAILABLE, as a coordinator does
+// while it shuts down, and counts the attempts.
+type unavailableRuns struct {
+	v1.UnimplementedRunServiceServer
+	calls atomic.Int32
+}
+
+func (u *unavailableRuns) ListRuns(context.Context, *v1.ListRunsRequest) (*v1.ListRunsResponse, error) {
+	u.calls.Add(1)
+	return nil, status.Error(codes.Unavailable, "coordinator is shutting down")
+}
+
+// Once connected, UNAVAILABLE is transient (a coordinator restarting) and
+// retried until --timeout; the error then says what the attempts met.
+func TestUnavailableAfterConnectIsRetried(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, runs := grpc.NewServer(), &unavailableRuns{}
+	v1.RegisterRunServiceServer(srv, runs)
+	go func() { _ = srv.Serve(l) }()
+	defer srv.Stop()
+
+	s := &server{t: t, addr: l.Addr().String()}
+	start := time.Now()
+	r := s.snapctlEnv(noPlaintextEnv, "run", "list", "--timeout", "2s")
+	took := time.Since(start)
+	want := "(coordinator " + s.addr + ", --timeout 2s; the last attempt: coordinator is shutting down)"
+	if r.code != exitUnavailable || !strings.Contains(r.stderr, "DeadlineExceeded") || !strings.Contains(r.stderr, want) {
+		t.Errorf("exit %d, stderr %q; want %d, DeadlineExceeded and %q", r.code, r.stderr, exitUnavailable, want)
+	}
+	if n := runs.calls.Load(); n < 2 || took < 2*time.Second || took > 2*time.Second+failFastBound {
+		t.Errorf("%d attempts in %v, want several within --timeout 2s", n, took)
+	}
+}

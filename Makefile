@@ -160,10 +160,12 @@ vuln: $(VULNDB_DIR)/index/db.json ## govulncheck against the pinned local vulner
 e2e: build ## Start bin/snapcoord and run the README's grpcurl examples against it.
 	SNAPCOORD_BIN=bin/snapcoord scripts/e2e-grpcurl.sh
 
-# Root only: it installs Slurm and munge with apt-get if they are missing and
-# starts them as daemons on this machine (scripts/slurm-setup.sh).
+# Root only: it installs Slurm and munge (and the Python client's Debian
+# packages) with apt-get if they are missing and starts the Slurm daemons on
+# this machine (scripts/slurm-setup.sh).
 slurm-e2e: build ## Single-node Slurm, then the sbatch recipe of docs/slurm.md on it, requeue and USR1 included (~3 min).
 	scripts/slurm-setup.sh
+	scripts/deps-python.sh
 	scripts/slurm-e2e.sh
 
 demo: build ## Live demo (~40 s): 2 trainer ranks, 3 sidecars; fails unless the deadline save beats B.

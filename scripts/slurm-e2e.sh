@@ -27,7 +27,7 @@ proved() { printf 'slurm-e2e: proved: %s\n' "$*"; }
 say() { printf 'slurm-e2e: %s\n' "$*"; }
 
 for f in "$BIN/snapcoord" "$BIN/snapctl" deploy/slurm/grpo.sbatch client/python/snapcoord/__init__.py; do
-	[ -e "$f" ] || fail "$f is missing (run make build; client/python is the Python client)"
+	[ -e "$f" ] || fail "$f is missing (run make build)"
 done
 sinfo -h -o %T | grep -qx idle || fail "no idle Slurm node: run scripts/slurm-setup.sh"
 

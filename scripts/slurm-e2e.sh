@@ -118,9 +118,11 @@ stop_coordinator
 # ---------------------------------------------------------------------------
 say "2. the recipe, requeued once, saves by the coordinator's rule before the time limit"
 # Short for CI: a 2-minute limit, B 70 s before the end, 3 s iterations.
+# The run's spec for seconds-long steps: snapshots every 10 s, small priors.
+RUN_FLAGS="--target-level turn --snapshot-interval 10 --margin 5 --expected-checkpoint 2 --expected-snapshot 2"
 STATE=$WORK/job
 mkdir -p "$STATE"
-job=$(SNAPCOORD_STATE_DIR=$STATE SAVE_BEFORE_END=70s TRAIN_ARGS="--iteration-seconds 3" \
+job=$(SNAPCOORD_STATE_DIR=$STATE SAVE_BEFORE_END=70s TRAIN_ARGS="--iteration-seconds 3" RUN_FLAGS="$RUN_FLAGS" \
 	sbatch --parsable --time=2 --signal=B:USR1@10 --output="$WORK/grpo-%j.out" deploy/slurm/grpo.sbatch)
 say "submitted job $job"
 # Once a checkpoint is saved (step 4) and training has gone past it, kill
@@ -190,7 +192,7 @@ STATE=$WORK/backstop
 mkdir -p "$STATE"
 # B at the job's very end: the rule would fire about 12 s before it. USR1
 # is asked for 60 s before the end; Slurm sends it up to a minute early.
-job=$(SNAPCOORD_STATE_DIR=$STATE SAVE_BEFORE_END=0s TRAIN_ARGS="--iteration-seconds 3" \
+job=$(SNAPCOORD_STATE_DIR=$STATE SAVE_BEFORE_END=0s TRAIN_ARGS="--iteration-seconds 3" RUN_FLAGS="$RUN_FLAGS" \
 	sbatch --parsable --wait --time=2 --signal=B:USR1@60 --output="$WORK/backstop-%j.out" deploy/slurm/grpo.sbatch) ||
 	fail "backstop job failed: $(cat "$WORK"/backstop-*.out)"
 out=$(cat "$WORK/backstop-$job.out")

@@ -46,7 +46,7 @@ VULNDB_DIR     := .cache/vulndb/$(VULNDB_VERSION)
 BREAKING_BRANCH ?= main
 
 .PHONY: help build run test generate verify verify-generated verify-buf-lint \
-	verify-breaking verify-fmt verify-vet verify-tidy lint vuln e2e tools clean demo slurm-e2e
+	verify-breaking verify-fmt verify-vet verify-tidy lint vuln e2e tools clean demo ui-check deploy-check slurm-e2e
 
 help: ## List the targets.
 	@grep -E '^[a-z0-9-]+:.*## ' $(firstword $(MAKEFILE_LIST)) | \
@@ -167,6 +167,15 @@ slurm-e2e: build ## Single-node Slurm, then the sbatch recipe of docs/slurm.md o
 	scripts/slurm-setup.sh
 	scripts/deps-python.sh
 	scripts/slurm-e2e.sh
+
+# ui-check: the status page in a real browser (Debian's chromium, installed
+# when missing). Screenshots and DOM dumps go to .cache/ui-check/.
+ui-check: build ## Load the status page of a live run in headless Chromium; save screenshots (about 20 s).
+	scripts/ensure-debs.sh chromium
+	./bin/snapuicheck --snapcoord bin/snapcoord --out .cache/ui-check
+
+deploy-check: build ## Check deploy/: promtool on the alert rules, the dashboard JSON, systemd-analyze on the unit, metric names in a real scrape.
+	scripts/deploy-check.sh
 
 demo: build ## Live demo (~40 s): 2 trainer ranks, 3 sidecars; fails unless the deadline save beats B.
 	./bin/snapdemo --snapcoord bin/snapcoord --snapctl bin/snapctl

@@ -38,6 +38,9 @@ type serveConfig struct {
 	tlsKey         string
 	clientCA       string
 	reflection     string
+	// credentialsCheckInterval is how often the token and TLS files are
+	// checked for changes (0: only on SIGHUP).
+	credentialsCheckInterval time.Duration
 
 	// Operability.
 	metricsListen string
@@ -86,6 +89,7 @@ func newServeFlags(cfg *serveConfig) *flag.FlagSet {
 	fs.StringVar(&cfg.tlsCert, "tls-cert", "", "PEM certificate `file` for TLS (with --tls-key)")
 	fs.StringVar(&cfg.tlsKey, "tls-key", "", "PEM private key `file` for TLS (with --tls-cert)")
 	fs.StringVar(&cfg.clientCA, "client-ca", "", "PEM CA `file`: require client certificates signed by it (mutual TLS; needs --tls-cert)")
+	fs.DurationVar(&cfg.credentialsCheckInterval, "credentials-check-interval", 10*time.Second, "how often --admin-token-file, --tls-cert, --tls-key and --client-ca are checked for changes and reloaded (0: only on SIGHUP, which always reloads them)")
 	fs.StringVar(&cfg.reflection, "reflection", reflectionAuto, "server reflection: open, auth (admin token), off, or auto (open on a loopback --listen, auth otherwise)")
 
 	fs.StringVar(&cfg.metricsListen, "metrics-listen", "127.0.0.1:7071", "HTTP `address` serving Prometheus /metrics (and /debug/pprof/ with --pprof); empty disables it")
@@ -169,6 +173,8 @@ func (c serveConfig) validate() error {
 		return errors.New("--pprof needs --metrics-listen")
 	case c.finishedRetention < 0:
 		return errors.New("--finished-run-retention must not be negative")
+	case c.credentialsCheckInterval < 0:
+		return errors.New("--credentials-check-interval must not be negative")
 	case c.maxRecvMsgSize <= 0, c.maxRuns <= 0, c.maxWorkersPerRun <= 0, c.maxEventsPerRun <= 0:
 		return errors.New("--max-recv-msg-size, --max-runs, --max-workers-per-run and --max-events-per-run must be positive")
 	case c.maxConcurrentStreams == 0 || c.maxConcurrentStreams > math.MaxUint32:
@@ -200,6 +206,14 @@ func (c serveConfig) checkExposure(adminTokens int) error {
 	return nil
 }
 
+// statusPageAllowed applies RunService's exposure rule to the status page:
+// with no admin token it is open, so it is served only on a loopback
+// --metrics-listen, unless --insecure says an open page is meant. (/metrics
+// itself stays open, as Prometheus scrapes it.)
+func (c serveConfig) statusPageAllowed(adminTokens int) bool {
+	return adminTokens > 0 || c.insecure || loopback.Is(c.metricsListen)
+}
+
 // reflectionAccess resolves --reflection: whether to serve reflection and
 // whether anyone may use it.
 func (c serveConfig) reflectionAccess() (serve, open bool) {
@@ -225,5 +239,9 @@ environment:
   OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_EXPORTER_OTLP_TRACES_ENDPOINT
 	export traces with OTLP/gRPC (off when neither is set); the other
 	standard OTEL_EXPORTER_OTLP_* and OTEL_RESOURCE_ATTRIBUTES variables apply
+
+signals:
+  SIGINT, SIGTERM  drain in-flight calls, then stop
+  SIGHUP           reload --admin-token-file, --tls-cert, --tls-key and --client-ca
 `, adminTokenEnv)
 }

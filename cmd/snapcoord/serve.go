@@ -10,19 +10,23 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
+	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 
 	"github.com/snapcoord/snapcoord/cmd/internal/loopback"
 	"github.com/snapcoord/snapcoord/cmd/internal/version"
 	"github.com/snapcoord/snapcoord/server/auth"
 	"github.com/snapcoord/snapcoord/server/engine"
 	"github.com/snapcoord/snapcoord/server/grpcserver"
+	"github.com/snapcoord/snapcoord/server/statuspage"
 	"github.com/snapcoord/snapcoord/server/telemetry"
 	"github.com/snapcoord/snapcoord/store"
 )
@@ -117,15 +121,40 @@ func serve(ctx context.Context, cfg serveConfig, adminTokens []string, lookupEnv
 	if err := tel.ObserveEngine(eng.Stats); err != nil {
 		return err
 	}
-	srv, err := newGRPCServer(cfg, adminTokens, eng, tel, log)
+	serveReflection, openReflection := cfg.reflectionAccess()
+	authn, err := auth.New(auth.Options{AdminTokens: adminTokens, Runs: eng, OpenReflection: openReflection})
 	if err != nil {
+		return err
+	}
+	var tlsr *auth.TLSReloader
+	if cfg.tlsCert != "" {
+		if tlsr, err = auth.NewTLSReloader(cfg.tlsCert, cfg.tlsKey, cfg.clientCA); err != nil {
+			return err
+		}
+	}
+	srv, err := newGRPCServer(cfg, serveReflection, authn, tlsr, len(adminTokens), eng, tel, log)
+	if err != nil {
+		return err
+	}
+	stopReload := startCredentialReload(cfg, lookupEnv, authn, tlsr, log)
+	defer stopReload()
+	if err := tel.ObserveLive(telemetry.LiveView{
+		Runs: eng.LiveRuns, Serving: srv.Serving, Now: time.Now,
+		CommitFailed: func() bool { return eng.Healthy() != nil },
+	}); err != nil {
 		return err
 	}
 	lis, err := net.Listen("tcp", cfg.listen)
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
-	stopMetrics, err := serveMetrics(cfg, tel, log)
+	var page http.Handler
+	if cfg.statusPageAllowed(len(adminTokens)) {
+		page = statuspage.New(statuspage.Options{Runs: eng, Admit: authn, Logger: log})
+	} else {
+		log.Warn("status page off: no admin token is configured and --metrics-listen is not loopback; configure an admin token or pass --insecure")
+	}
+	stopMetrics, err := serveMetrics(cfg, metricsMux(tel.Handler(cfg.pprof), page), log)
 	if err != nil {
 		_ = lis.Close()
 		return err
@@ -142,20 +171,12 @@ func serve(ctx context.Context, cfg serveConfig, adminTokens []string, lookupEnv
 // (drain, validation, recovery), in go-grpc-middleware's examples/server
 // order: the otelgrpc stats handler sees everything, then logging (so a
 // refused call is logged with its code), then authentication.
-func newGRPCServer(cfg serveConfig, adminTokens []string, eng *engine.Engine, tel *telemetry.Telemetry, log *slog.Logger) (*grpcserver.Server, error) {
-	serveReflection, openReflection := cfg.reflectionAccess()
-	authn, err := auth.New(auth.Options{AdminTokens: adminTokens, Runs: eng, OpenReflection: openReflection})
-	if err != nil {
-		return nil, err
-	}
+func newGRPCServer(cfg serveConfig, serveReflection bool, authn *auth.Authenticator, tlsr *auth.TLSReloader, nAdminTokens int, eng *engine.Engine, tel *telemetry.Telemetry, log *slog.Logger) (*grpcserver.Server, error) {
+	openReflection := authn.Access(reflectionpb.ServerReflection_ServerReflectionInfo_FullMethodName) == auth.Open
 	opts := []grpc.ServerOption{grpc.StatsHandler(tel.StatsHandler())}
 	tlsMode := "off"
-	if cfg.tlsCert != "" {
-		tc, err := auth.ServerTLSConfig(cfg.tlsCert, cfg.tlsKey, cfg.clientCA)
-		if err != nil {
-			return nil, err
-		}
-		opts = append(opts, grpc.Creds(credentials.NewTLS(tc)))
+	if tlsr != nil {
+		opts = append(opts, grpc.Creds(credentials.NewTLS(tlsr.Config())))
 		tlsMode = "tls"
 		if cfg.clientCA != "" {
 			tlsMode = "mutual"
@@ -168,9 +189,9 @@ func newGRPCServer(cfg serveConfig, adminTokens []string, eng *engine.Engine, te
 			reflectionMode = auth.Open.String()
 		}
 	}
-	log.Info("security", "admin_tokens", len(adminTokens), "tls", tlsMode, "reflection", reflectionMode,
+	log.Info("security", "admin_tokens", nAdminTokens, "tls", tlsMode, "reflection", reflectionMode,
 		"traces_exported", tel.TracesExported())
-	if len(adminTokens) == 0 {
+	if nAdminTokens == 0 {
 		log.Warn("no admin token configured: RunService is open to anyone who can connect")
 	} else if tlsMode == "off" && !loopback.Is(cfg.listen) {
 		log.Warn("serving without TLS on a non-loopback address: tokens cross the network in clear text")
@@ -191,9 +212,21 @@ func newGRPCServer(cfg serveConfig, adminTokens []string, eng *engine.Engine, te
 	}, eng, log)
 }
 
-// serveMetrics serves /metrics (and pprof) on --metrics-listen until the
-// returned function is called.
-func serveMetrics(cfg serveConfig, tel *telemetry.Telemetry, log *slog.Logger) (stop func(), err error) {
+// metricsMux puts the status page ("/" and "/runs/{id}") beside /metrics
+// and pprof on the metrics listener; a nil page leaves them out.
+func metricsMux(metrics, page http.Handler) http.Handler {
+	mux := http.NewServeMux()
+	if page != nil {
+		mux.Handle("GET /{$}", page)
+		mux.Handle("GET /runs/", page)
+	}
+	mux.Handle("/", metrics)
+	return mux
+}
+
+// serveMetrics serves h (/metrics, pprof and the status page) on
+// --metrics-listen until the returned function is called.
+func serveMetrics(cfg serveConfig, h http.Handler, log *slog.Logger) (stop func(), err error) {
 	if cfg.metricsListen == "" {
 		return func() {}, nil
 	}
@@ -202,7 +235,7 @@ func serveMetrics(cfg serveConfig, tel *telemetry.Telemetry, log *slog.Logger) (
 		return nil, fmt.Errorf("metrics listen: %w", err)
 	}
 	hs := &http.Server{
-		Handler:           tel.Handler(cfg.pprof),
+		Handler:           h,
 		ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
@@ -225,6 +258,28 @@ func serveMetrics(cfg serveConfig, tel *telemetry.Telemetry, log *slog.Logger) (
 	}, nil
 }
 
+// startCredentialReload reloads the admin token and TLS files when they
+// change (checked every --credentials-check-interval; 0: never) and on
+// SIGHUP, until the returned function is called.
+func startCredentialReload(cfg serveConfig, lookupEnv func(string) (string, bool), authn *auth.Authenticator, tlsr *auth.TLSReloader, log *slog.Logger) (stop func()) {
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	var tick <-chan time.Time
+	var ticker *time.Ticker
+	if cfg.credentialsCheckInterval > 0 {
+		ticker = time.NewTicker(cfg.credentialsCheckInterval)
+		tick = ticker.C
+	}
+	stopLoop := newCredentialReloader(cfg, lookupEnv, authn, tlsr, log).start(tick, hup)
+	return func() {
+		stopLoop()
+		signal.Stop(hup)
+		if ticker != nil {
+			ticker.Stop()
+		}
+	}
+}
+
 // healthPollInterval is how often serve asks the engine whether it can
 // still commit.
 const healthPollInterval = time.Second
@@ -232,9 +287,7 @@ const healthPollInterval = time.Second
 // startHealthWatch turns NOT_SERVING for good once the engine reports that
 // a store commit failed. It stops when the returned function is first called.
 func startHealthWatch(eng interface{ Healthy() error }, srv interface{ MarkUnhealthy(error) }, tick <-chan time.Time) (stop func()) {
-	quit, done := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(done)
+	return goUntilStopped(func(quit <-chan struct{}) {
 		for {
 			select {
 			case <-quit:
@@ -246,6 +299,16 @@ func startHealthWatch(eng interface{ Healthy() error }, srv interface{ MarkUnhea
 				}
 			}
 		}
+	})
+}
+
+// goUntilStopped runs loop in a goroutine; the returned function, first
+// called, closes loop's quit channel and waits for loop to return.
+func goUntilStopped(loop func(quit <-chan struct{})) (stop func()) {
+	quit, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		loop(quit)
 	}()
 	return sync.OnceFunc(func() {
 		close(quit)

@@ -12,6 +12,7 @@ import (
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 	"github.com/snapcoord/snapcoord/client"
+	"github.com/snapcoord/snapcoord/internal/coordproc"
 )
 
 const (
@@ -28,21 +29,22 @@ func run(ctx context.Context, cfg config) (err error) {
 	}
 	defer os.RemoveAll(dir)
 	out := newTimeline()
-	coord, err := startCoordinator(ctx, cfg.snapcoord, dir)
+	coord, err := coordproc.Start(ctx, cfg.snapcoord, dir, cleanEnv(),
+		"--metrics-listen", "", "--heartbeat-interval", "1s", "--lease-ttl", "5s")
 	if err != nil {
 		return err
 	}
 	defer func() {
-		if stopErr := coord.stop(); stopErr != nil && err == nil {
+		if stopErr := coord.Stop(); stopErr != nil && err == nil {
 			err = stopErr
 		}
 		if err != nil {
-			coord.dumpLog()
+			fmt.Fprintf(os.Stderr, "--- coordinator log (last 40 lines) ---\n%s\n", coord.Tail(40))
 		}
 	}()
-	out.say("demo", "coordinator on %s, data in %s", coord.addr, filepath.Join(dir, "data"))
+	out.say("demo", "coordinator on %s, data in %s", coord.Addr, filepath.Join(dir, "data"))
 
-	d := &demo{cfg: cfg, dir: dir, addr: coord.addr, out: out, steps: newBarrier(worldSize)}
+	d := &demo{cfg: cfg, dir: dir, addr: coord.Addr, out: out, steps: newBarrier(worldSize)}
 	if err := d.createRun(ctx); err != nil {
 		return err
 	}

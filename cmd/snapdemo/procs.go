@@ -1,20 +1,14 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
-	"time"
 )
 
 // cleanEnv is this process's environment without SNAPCOORD_* variables: a
@@ -27,93 +21,6 @@ func cleanEnv(extra ...string) []string {
 		}
 	}
 	return append(out, extra...)
-}
-
-// coordinator is the snapcoord process.
-type coordinator struct {
-	cmd     *exec.Cmd
-	addr    string
-	logPath string
-	done    chan struct{}
-}
-
-// startCoordinator starts snapcoord on a free loopback port and returns
-// once it serves. Its log goes to a file, shown if the demo fails.
-func startCoordinator(ctx context.Context, bin, dir string) (*coordinator, error) {
-	c := &coordinator{logPath: filepath.Join(dir, "coordinator.log"), done: make(chan struct{})}
-	c.cmd = exec.Command(bin, "serve", "--listen", "127.0.0.1:0", "--data-dir", filepath.Join(dir, "data"),
-		"--metrics-listen", "", "--log-format", "json", "--heartbeat-interval", "1s", "--lease-ttl", "5s")
-	c.cmd.Env = cleanEnv()
-	logFile, err := os.Create(c.logPath)
-	if err != nil {
-		return nil, err
-	}
-	stderr, err := c.cmd.StderrPipe()
-	if err != nil {
-		return nil, err
-	}
-	if err := c.cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start %s: %w", bin, err)
-	}
-	addrs := make(chan string, 1)
-	go func() {
-		scanLog(stderr, logFile, addrs)
-		_ = c.cmd.Wait()
-		_ = logFile.Close()
-		close(c.done)
-	}()
-	select {
-	case c.addr = <-addrs:
-		return c, nil
-	case <-c.done:
-		c.dumpLog()
-		return nil, errors.New("the coordinator exited before serving")
-	case <-time.After(15 * time.Second):
-	case <-ctx.Done():
-	}
-	_ = c.stop()
-	return nil, errors.New("the coordinator did not start serving")
-}
-
-// scanLog copies the JSON log to w and sends the address of its "serving"
-// line.
-func scanLog(r io.Reader, w io.Writer, addrs chan<- string) {
-	sc := bufio.NewScanner(r)
-	for sc.Scan() {
-		fmt.Fprintln(w, sc.Text())
-		var rec struct{ Msg, Addr string }
-		if json.Unmarshal(sc.Bytes(), &rec) == nil && rec.Msg == "serving" && rec.Addr != "" {
-			select {
-			case addrs <- rec.Addr:
-			default:
-			}
-		}
-	}
-}
-
-// stop drains the coordinator with SIGTERM, as an operator would.
-func (c *coordinator) stop() error {
-	_ = c.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-c.done:
-	case <-time.After(15 * time.Second):
-		_ = c.cmd.Process.Kill()
-		<-c.done
-		return errors.New("the coordinator did not stop within 15 s of SIGTERM")
-	}
-	if code := c.cmd.ProcessState.ExitCode(); code != 0 {
-		return fmt.Errorf("the coordinator exited %d", code)
-	}
-	return nil
-}
-
-func (c *coordinator) dumpLog() {
-	b, err := os.ReadFile(c.logPath)
-	if err != nil {
-		return
-	}
-	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
-	fmt.Fprintf(os.Stderr, "--- coordinator log (last %d lines) ---\n%s\n", min(40, len(lines)), strings.Join(lines[max(0, len(lines)-40):], "\n"))
 }
 
 // snapctl runs snapctl against the coordinator and returns its stdout.

@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync/atomic"
 
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors"
 	grpcauth "github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/auth"
@@ -84,8 +85,10 @@ type Options struct {
 // Authenticator holds the method table and the admin token digests.
 type Authenticator struct {
 	methods map[string]Access
-	admin   [][sha256.Size]byte
-	runs    RunResolver
+	// admin is swapped whole by SetAdminTokens, so a reload never shows a
+	// call half of the old list and half of the new.
+	admin atomic.Pointer[[][sha256.Size]byte]
+	runs  RunResolver
 }
 
 // New builds an Authenticator. Admin tokens are kept only as digests.
@@ -94,11 +97,8 @@ func New(opts Options) (*Authenticator, error) {
 		return nil, errors.New("auth: Options.Runs is required")
 	}
 	a := &Authenticator{methods: map[string]Access{}, runs: opts.Runs}
-	for i, tok := range opts.AdminTokens {
-		if tok == "" || strings.ContainsAny(tok, " \t\r\n") {
-			return nil, fmt.Errorf("auth: admin token %d is empty or contains whitespace", i+1)
-		}
-		a.admin = append(a.admin, sha256.Sum256([]byte(tok)))
+	if err := a.SetAdminTokens(opts.AdminTokens); err != nil {
+		return nil, err
 	}
 	a.set(Admin, &v1.RunService_ServiceDesc)
 	a.set(RunToken, &v1.WorkerService_ServiceDesc)
@@ -112,6 +112,21 @@ func New(opts Options) (*Authenticator, error) {
 	return a, nil
 }
 
+// SetAdminTokens replaces the admin tokens, for a reload of the token file:
+// calls authenticated from now on use the new list. On error the old list
+// stays.
+func (a *Authenticator) SetAdminTokens(tokens []string) error {
+	digests := make([][sha256.Size]byte, 0, len(tokens))
+	for i, tok := range tokens {
+		if tok == "" || strings.ContainsAny(tok, " \t\r\n") {
+			return fmt.Errorf("auth: admin token %d is empty or contains whitespace", i+1)
+		}
+		digests = append(digests, sha256.Sum256([]byte(tok)))
+	}
+	a.admin.Store(&digests)
+	return nil
+}
+
 func (a *Authenticator) set(access Access, sd *grpc.ServiceDesc) {
 	for _, m := range sd.Methods {
 		a.methods["/"+sd.ServiceName+"/"+m.MethodName] = access
@@ -122,7 +137,7 @@ func (a *Authenticator) set(access Access, sd *grpc.ServiceDesc) {
 }
 
 // AdminRequired reports whether RunService needs an admin token.
-func (a *Authenticator) AdminRequired() bool { return len(a.admin) > 0 }
+func (a *Authenticator) AdminRequired() bool { return len(*a.admin.Load()) > 0 }
 
 // Access returns the rule for a full method name ("/pkg.Service/Method").
 func (a *Authenticator) Access(fullMethod string) Access {
@@ -198,21 +213,31 @@ func (a *Authenticator) authenticate(ctx context.Context) (context.Context, erro
 	case Open:
 		return ctx, nil
 	default: // Admin
-		switch {
-		case present && a.isAdmin(token):
-			return ctx, nil
-		case present && a.isRunToken(token):
-			return nil, errRunOnAdmin
-		case !a.AdminRequired():
-			// Development mode: RunService is open, and any other
-			// credential (say, a client's admin token for another
-			// coordinator) is ignored.
-			return ctx, nil
-		case !present:
-			return nil, errMissing
-		default:
-			return nil, errBadAdmin
+		if err := a.CheckAdmin(token, present); err != nil {
+			return nil, err
 		}
+		return ctx, nil
+	}
+}
+
+// CheckAdmin applies RunService's rule to a bearer token (present false:
+// none was sent). The error is a gRPC status: Unauthenticated or
+// PermissionDenied. The status page on the metrics listener uses it too.
+func (a *Authenticator) CheckAdmin(token string, present bool) error {
+	switch {
+	case present && a.isAdmin(token):
+		return nil
+	case present && a.isRunToken(token):
+		return errRunOnAdmin
+	case !a.AdminRequired():
+		// Development mode: RunService is open, and any other credential
+		// (say, a client's admin token for another coordinator) is
+		// ignored.
+		return nil
+	case !present:
+		return errMissing
+	default:
+		return errBadAdmin
 	}
 }
 
@@ -221,8 +246,8 @@ func (a *Authenticator) authenticate(ctx context.Context) (context.Context, erro
 func (a *Authenticator) isAdmin(token string) bool {
 	d := sha256.Sum256([]byte(token))
 	match := 0
-	for i := range a.admin {
-		match |= subtle.ConstantTimeCompare(d[:], a.admin[i][:])
+	for _, digest := range *a.admin.Load() {
+		match |= subtle.ConstantTimeCompare(d[:], digest[:])
 	}
 	return match == 1
 }

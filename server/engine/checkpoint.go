@@ -71,6 +71,8 @@ func (m *mut) checkpointSaved(step int64, st *storagev1.StepRecord, rank int32, 
 	}
 	m.event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_CHECKPOINT_SAVED, Step: step,
 		Message: fmt.Sprintf("checkpoint of step %d saved by all %d ranks (slowest %.3g s)", step, len(st.SavedRanks), st.MaxSaveSeconds)})
+	runID, slowest := r.id, st.MaxSaveSeconds
+	m.observe(func(ctx context.Context) { m.e.obs.CheckpointSaved(ctx, runID, step, slowest) })
 	switch {
 	case !r.rec.Run.Spec.Checkpointing.DeferredFinalize:
 		m.published(st)

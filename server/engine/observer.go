@@ -21,6 +21,9 @@ type Observer interface {
 	// returned by a poll, with the time since it was issued.
 	CommandDelivered(ctx context.Context, kind string, latency time.Duration)
 	SnapshotCompleted(ctx context.Context, runID, snapshotID string, reason v1.SnapshotReason, outcome v1.SnapshotOutcome, seconds float64)
+	// CheckpointSaved is called once every rank saved a step's checkpoint,
+	// with the slowest rank's save.
+	CheckpointSaved(ctx context.Context, runID string, step int64, seconds float64)
 	// DeadlineMissed is called once per run, when it is found to have
 	// missed its deadline (Run.deadline_missed).
 	DeadlineMissed(ctx context.Context, runID string, cause MissCause)
@@ -35,6 +38,7 @@ func (nopObserver) CommandDelivered(context.Context, string, time.Duration)     
 func (nopObserver) DeadlineMissed(context.Context, string, MissCause)                 {}
 func (nopObserver) SnapshotCompleted(context.Context, string, string, v1.SnapshotReason, v1.SnapshotOutcome, float64) {
 }
+func (nopObserver) CheckpointSaved(context.Context, string, int64, float64) {}
 
 // Stats counts runs by state and workers by role and state, for gauges.
 type Stats struct {

@@ -217,3 +217,10 @@ func (s *Server) setHealth(st healthpb.HealthCheckResponse_ServingStatus) {
 		s.health.SetServingStatus(name, st)
 	}
 }
+
+// Serving reports whether health checks are answered SERVING, for the
+// health gauge.
+func (s *Server) Serving() bool {
+	resp, err := s.health.Check(context.Background(), &healthpb.HealthCheckRequest{})
+	return err == nil && resp.GetStatus() == healthpb.HealthCheckResponse_SERVING
+}

@@ -35,6 +35,7 @@ const (
 	MetricDeadlineMissed      = "snapcoord.deadline.missed"
 	MetricStoreCommitDuration = "snapcoord.store.commit.duration"
 	MetricStoreCommitBatches  = "snapcoord.store.commit.batches"
+	MetricCheckpointDuration  = "snapcoord.checkpoint.duration"
 )
 
 // Bucket boundaries, in seconds (batches for the last). Commands wait for
@@ -56,6 +57,7 @@ type metrics struct {
 	commandsIssued   metric.Int64Counter
 	commandDelivery  metric.Float64Histogram
 	snapshotDuration metric.Float64Histogram
+	checkpointDur    metric.Float64Histogram
 	decisions        metric.Int64Counter
 	deadlineFires    metric.Int64Counter
 	deadlineMissed   metric.Int64Counter
@@ -74,6 +76,9 @@ func newMetrics(res *resource.Resource) (*metrics, error) {
 	exp, err := otelprom.New(
 		otelprom.WithRegisterer(reg),
 		otelprom.WithTranslationStrategy(otlptranslator.UnderscoreEscapingWithSuffixes),
+		// otel_scope_* labels on every series say only that snapcoord or
+		// otelgrpc made it, which the metric names already tell.
+		otelprom.WithoutScopeInfo(),
 	)
 	if err != nil {
 		return nil, fmt.Errorf("telemetry: prometheus exporter: %w", err)
@@ -106,6 +111,10 @@ func (m *metrics) instruments(meter metric.Meter) error {
 	try(e)
 	m.snapshotDuration, e = meter.Float64Histogram(MetricSnapshotDuration, metric.WithUnit("s"),
 		metric.WithDescription("Environment snapshot duration (issue to last report), by reason and outcome."),
+		metric.WithExplicitBucketBoundaries(snapshotBuckets...))
+	try(e)
+	m.checkpointDur, e = meter.Float64Histogram(MetricCheckpointDuration, metric.WithUnit("s"),
+		metric.WithDescription("Trainer checkpoint save, the slowest rank's, once every rank saved the step."),
 		metric.WithExplicitBucketBoundaries(snapshotBuckets...))
 	try(e)
 	m.decisions, e = meter.Int64Counter(MetricDecisions, metric.WithUnit("{decision}"),
@@ -238,6 +247,10 @@ func (m *metrics) snapshotCompleted(reason v1.SnapshotReason, outcome v1.Snapsho
 	m.snapshotDuration.Record(context.Background(), seconds, m.attrs.get(attrKey{
 		k1: "reason", v1: label(reason.String(), "SNAPSHOT_REASON_"),
 		k2: "outcome", v2: label(outcome.String(), "SNAPSHOT_OUTCOME_")}))
+}
+
+func (m *metrics) checkpointSaved(seconds float64) {
+	m.checkpointDur.Record(context.Background(), seconds)
 }
 
 func (m *metrics) committed(batches int, d time.Duration) {

@@ -54,6 +54,7 @@ type Telemetry struct {
 	stats   stats.Handler
 
 	statsReg metric.Registration
+	liveReg  metric.Registration
 }
 
 var _ engine.Observer = (*Telemetry)(nil)
@@ -125,7 +126,7 @@ func (t *Telemetry) ObserveEngine(stats func() engine.Stats) error {
 func (t *Telemetry) Handler(withPprof bool) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(t.metrics.registry, promhttp.HandlerOpts{
-		ErrorLog: slog.NewLogLogger(t.log.Handler(), slog.LevelWarn),
+		ErrorLog: scrapeErrorLog{t.log},
 	}))
 	if withPprof {
 		mux.HandleFunc("/debug/pprof/", pprof.Index)
@@ -140,8 +141,10 @@ func (t *Telemetry) Handler(withPprof bool) http.Handler {
 // Shutdown flushes pending spans and stops the providers.
 func (t *Telemetry) Shutdown(ctx context.Context) error {
 	var errs []error
-	if t.statsReg != nil {
-		errs = append(errs, t.statsReg.Unregister())
+	for _, reg := range []metric.Registration{t.statsReg, t.liveReg} {
+		if reg != nil {
+			errs = append(errs, reg.Unregister())
+		}
 	}
 	errs = append(errs, t.tracing.shutdown(ctx), t.metrics.provider.Shutdown(ctx))
 	return errors.Join(errs...)
@@ -192,6 +195,11 @@ func (t *Telemetry) SnapshotCompleted(ctx context.Context, runID, snapshotID str
 		attribute.String(AttrRunID, runID), attribute.String(AttrSnapshotID, snapshotID),
 		attribute.String("snapcoord.snapshot_reason", reason.String()),
 		attribute.String("snapcoord.snapshot_outcome", outcome.String()))
+}
+
+// CheckpointSaved implements engine.Observer.
+func (t *Telemetry) CheckpointSaved(_ context.Context, _ string, _ int64, seconds float64) {
+	t.metrics.checkpointSaved(seconds)
 }
 
 // Tracer returns snapcoord's tracer, for spans of its own.

@@ -1,0 +1,116 @@
+package main
+
+import (
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/snapcoord/snapcoord/server/auth"
+)
+
+// credentialReloader re-reads the admin token file and the TLS files when
+// they change, so that a rotation needs no restart. Checking is a stat of
+// each file (cheap: no read unless something changed) at every
+// --credentials-check-interval, and SIGHUP reloads everything at once.
+// Open connections and streams are untouched: a new certificate or client
+// CA applies to the next handshake, new admin tokens to the next call.
+type credentialReloader struct {
+	cfg       serveConfig
+	lookupEnv func(string) (string, bool)
+	authn     *auth.Authenticator
+	tls       *auth.TLSReloader // nil without TLS
+	log       *slog.Logger
+
+	seen map[string]os.FileInfo // by path, as last checked
+}
+
+func newCredentialReloader(cfg serveConfig, lookupEnv func(string) (string, bool), authn *auth.Authenticator, tlsr *auth.TLSReloader, log *slog.Logger) *credentialReloader {
+	r := &credentialReloader{cfg: cfg, lookupEnv: lookupEnv, authn: authn, tls: tlsr, log: log, seen: map[string]os.FileInfo{}}
+	r.changed(r.tokenFiles())
+	r.changed(r.tlsFiles())
+	return r
+}
+
+func (r *credentialReloader) tokenFiles() []string { return nonEmpty(r.cfg.adminTokenFile) }
+func (r *credentialReloader) tlsFiles() []string {
+	return nonEmpty(r.cfg.tlsCert, r.cfg.tlsKey, r.cfg.clientCA)
+}
+
+func nonEmpty(paths ...string) []string {
+	var out []string
+	for _, p := range paths {
+		if p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// changed stats paths and reports whether any differs from the last look
+// (another file put in its place, a new size or modification time). A file
+// that cannot be stat'ed counts as changed once, so its error is logged by
+// the reload that follows.
+func (r *credentialReloader) changed(paths []string) bool {
+	diff := false
+	for _, p := range paths {
+		fi, err := os.Stat(p)
+		old, ok := r.seen[p]
+		switch {
+		case err != nil:
+			diff = diff || ok
+			delete(r.seen, p)
+		case !ok || !os.SameFile(old, fi) || !old.ModTime().Equal(fi.ModTime()) || old.Size() != fi.Size():
+			diff = true
+			r.seen[p] = fi
+		}
+	}
+	return diff
+}
+
+// check reloads what changed on disk, or everything when forced (SIGHUP).
+// A failed reload keeps the credentials in use and logs why; the next
+// change of the files tries again.
+func (r *credentialReloader) check(force bool) {
+	if tokens := r.tokenFiles(); (r.changed(tokens) || force) && len(tokens) > 0 {
+		if err := r.reloadTokens(); err != nil {
+			r.log.Error("admin tokens not reloaded; the previous ones stay valid", "file", r.cfg.adminTokenFile, "err", err)
+		}
+	}
+	if files := r.tlsFiles(); (r.changed(files) || force) && r.tls != nil {
+		if err := r.tls.Reload(); err != nil {
+			r.log.Error("TLS files not reloaded; the previous certificate, key and client CA stay in use", "err", err)
+		} else {
+			r.log.Info("credentials reloaded", "what", "tls", "cert", r.cfg.tlsCert, "client_ca", r.cfg.clientCA)
+		}
+	}
+}
+
+func (r *credentialReloader) reloadTokens() error {
+	tokens, err := adminTokens(r.cfg, r.lookupEnv)
+	if err != nil {
+		return err
+	}
+	if err := r.authn.SetAdminTokens(tokens); err != nil {
+		return err
+	}
+	r.log.Info("credentials reloaded", "what", "admin_tokens", "admin_tokens", len(tokens))
+	return nil
+}
+
+// start checks at every tick (nil: never) and reloads everything at every
+// hup, until the returned function is first called.
+func (r *credentialReloader) start(tick <-chan time.Time, hup <-chan os.Signal) (stop func()) {
+	return goUntilStopped(func(quit <-chan struct{}) {
+		for {
+			select {
+			case <-quit:
+				return
+			case <-tick:
+				r.check(false)
+			case <-hup:
+				r.log.Info("SIGHUP: reloading credentials")
+				r.check(true)
+			}
+		}
+	})
+}

@@ -1,0 +1,178 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
+
+	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+	"github.com/snapcoord/snapcoord/internal/testpki"
+)
+
+// install puts src's content at dst the way rotation tools do: written
+// beside it, then renamed over it.
+func install(t *testing.T, src, dst string) {
+	t.Helper()
+	data, err := os.ReadFile(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmp := dst + ".new"
+	if err := os.WriteFile(tmp, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, dst); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func writeTokens(t *testing.T, path string, tokens ...string) {
+	t.Helper()
+	src := path + ".src"
+	var data []byte
+	for _, tok := range tokens {
+		data = append(data, tok+"\n"...)
+	}
+	if err := os.WriteFile(src, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	install(t, src, path)
+}
+
+func tlsCreds(t *testing.T, roots *x509.CertPool, client testpki.Leaf) credentials.TransportCredentials {
+	t.Helper()
+	return credentials.NewTLS(&tls.Config{RootCAs: roots, Certificates: []tls.Certificate{client.TLS}, MinVersion: tls.VersionTLS12})
+}
+
+// eventually retries f until it succeeds: the reload happens at the
+// coordinator's next check of the files, which the test cannot see.
+func eventually(t *testing.T, what string, f func() error) {
+	t.Helper()
+	var err error
+	for end := time.Now().Add(15 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		if err = f(); err == nil {
+			return
+		}
+	}
+	t.Fatalf("%s: still failing: %v", what, err)
+}
+
+// Rotating the server certificate and key, the client CA and the admin
+// token, each while a worker streams commands over a connection made
+// before: new connections and calls use the new material, the old material
+// stops working for them, and the streaming worker is never dropped (it
+// gets the Stop of a cancel sent with the last token).
+func TestRotateCredentialsWhileAWorkerStreams(t *testing.T) {
+	dir := t.TempDir()
+	serverCA1, clientCA1 := testpki.NewCA(t, dir, "server-ca-1"), testpki.NewCA(t, dir, "client-ca-1")
+	server1 := serverCA1.Issue(t, dir, "server-1", x509.ExtKeyUsageServerAuth)
+	client1 := clientCA1.Issue(t, dir, "client-1", x509.ExtKeyUsageClientAuth)
+	certFile, keyFile, caFile, tokenFile := filepath.Join(dir, "tls.pem"), filepath.Join(dir, "tls-key.pem"),
+		filepath.Join(dir, "client-ca.pem"), filepath.Join(dir, "admin-tokens")
+	install(t, server1.CertFile, certFile)
+	install(t, server1.KeyFile, keyFile)
+	install(t, clientCA1.File, caFile)
+	writeTokens(t, tokenFile, adminToken)
+
+	c := startCoordinator(t, nil, "--tls-cert", certFile, "--tls-key", keyFile, "--client-ca", caFile,
+		"--admin-token-file", tokenFile, "--credentials-check-interval", "10ms")
+	health := func(creds credentials.TransportCredentials) error {
+		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+		defer cancel()
+		_, err := healthpb.NewHealthClient(dialWith(t, c.addr, creds)).Check(ctx, &healthpb.HealthCheckRequest{})
+		return err
+	}
+
+	// The worker connects with the first material and streams.
+	conn := dialWith(t, c.addr, tlsCreds(t, serverCA1.Pool, client1))
+	runs, workers := v1.NewRunServiceClient(conn), v1.NewWorkerServiceClient(conn)
+	created, err := runs.CreateRun(bearer(t.Context(), adminToken), &v1.CreateRunRequest{RunId: "r", Spec: runSpec(1)})
+	if err != nil {
+		t.Fatalf("CreateRun: %v", err)
+	}
+	asRun := bearer(t.Context(), created.GetRunToken())
+	w, err := workers.RegisterWorker(asRun, &v1.RegisterWorkerRequest{RunId: "r", Role: v1.WorkerRole_WORKER_ROLE_TRAINER, Name: "rank-0"})
+	if err != nil {
+		t.Fatalf("RegisterWorker: %v", err)
+	}
+	stream, err := workers.StreamCommands(asRun, &v1.StreamCommandsRequest{RunId: "r", WorkerId: w.GetWorkerId()})
+	if err != nil {
+		t.Fatalf("StreamCommands: %v", err)
+	}
+	stillServed := func(when string) {
+		t.Helper()
+		if _, err := workers.Heartbeat(asRun, &v1.HeartbeatRequest{RunId: "r", WorkerId: w.GetWorkerId()}); err != nil {
+			t.Fatalf("%s: the worker's connection: Heartbeat: %v", when, err)
+		}
+	}
+
+	// 1. Server certificate and key, from a new CA; the key lands first,
+	// so for a moment the pair does not match and the old one must stay.
+	serverCA2 := testpki.NewCA(t, dir, "server-ca-2")
+	server2 := serverCA2.Issue(t, dir, "server-2", x509.ExtKeyUsageServerAuth)
+	install(t, server2.KeyFile, keyFile)
+	eventually(t, "the mismatched pair refused", func() error {
+		if !strings.Contains(c.logs.String(), "TLS files not reloaded") {
+			return errors.New("no error logged yet")
+		}
+		return nil
+	})
+	if err := health(tlsCreds(t, serverCA1.Pool, client1)); err != nil {
+		t.Fatalf("with a key that does not match the certificate, the old pair must stay: %v", err)
+	}
+	install(t, server2.CertFile, certFile)
+	eventually(t, "a new connection trusting only the new server CA", func() error { return health(tlsCreds(t, serverCA2.Pool, client1)) })
+	if err := health(tlsCreds(t, serverCA1.Pool, client1)); status.Code(err) != codes.Unavailable {
+		t.Errorf("a new connection trusting only the old server CA: %v, want a failed handshake", err)
+	}
+	stillServed("after the certificate rotation")
+
+	// 2. Client CA: certificates of the new CA get in, the old CA's not.
+	clientCA2 := testpki.NewCA(t, dir, "client-ca-2")
+	client2 := clientCA2.Issue(t, dir, "client-2", x509.ExtKeyUsageClientAuth)
+	install(t, clientCA2.File, caFile)
+	eventually(t, "a new connection with a client certificate of the new client CA", func() error { return health(tlsCreds(t, serverCA2.Pool, client2)) })
+	if err := health(tlsCreds(t, serverCA2.Pool, client1)); status.Code(err) != codes.Unavailable {
+		t.Errorf("a new connection with the old client CA's certificate: %v, want a refused handshake", err)
+	}
+	stillServed("after the client CA rotation")
+
+	// 3. Admin token, over a new connection with the new material.
+	newConn := v1.NewRunServiceClient(dialWith(t, c.addr, tlsCreds(t, serverCA2.Pool, client2)))
+	writeTokens(t, tokenFile, adminToken2)
+	eventually(t, "the new admin token", func() error {
+		_, err := newConn.GetRun(bearer(t.Context(), adminToken2), &v1.GetRunRequest{RunId: "r"})
+		return err
+	})
+	_, err = newConn.GetRun(bearer(t.Context(), adminToken), &v1.GetRunRequest{RunId: "r"})
+	wantCode(t, "GetRun with the removed admin token", err, codes.Unauthenticated)
+	stillServed("after the token rotation")
+
+	// The stream opened before any rotation is still there to hear Stop.
+	if _, err := newConn.CancelRun(bearer(t.Context(), adminToken2), &v1.CancelRunRequest{RunId: "r", Reason: "rotated"}); err != nil {
+		t.Fatalf("CancelRun: %v", err)
+	}
+	for {
+		resp, err := stream.Recv()
+		if err != nil {
+			t.Fatalf("the stream opened before the rotations: %v, want it to deliver Stop", err)
+		}
+		if resp.GetCommand().GetStop() != nil {
+			break
+		}
+	}
+	if got := c.logs.String(); !strings.Contains(got, `"what":"tls"`) || !strings.Contains(got, `"what":"admin_tokens"`) {
+		t.Errorf("the log does not tell of each reload:\n%s", got)
+	}
+}

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # slurm-setup.sh: a single-node Slurm cluster on this machine, for
 # `make slurm-e2e` (docs/slurm.md). Run as root on Debian (bookworm: Slurm
-# 22.05). Idempotent: it installs slurm-wlm and munge with apt-get if they
-# are missing, writes /etc/slurm/slurm.conf for one node (this host, with the
-# CPUs and memory `slurmd -C` finds), starts munged, slurmctld and slurmd as
-# plain daemons (no systemd needed) unless they already run, and waits until
-# `sinfo` shows the node idle.
+# 22.05). Idempotent: it installs Slurm and munge with apt-get if they are
+# missing (scripts/ensure-debs.sh), writes /etc/slurm/slurm.conf for one
+# node (this host, with the CPUs and memory `slurmd -C` finds), starts
+# munged, slurmctld and slurmd as plain daemons (no systemd needed) unless
+# they already run, and waits until `sinfo` shows the node idle.
 #
 # It never overwrites a slurm.conf it did not write (one without the marker
 # line below): on a machine that already belongs to a cluster it stops.
@@ -21,19 +21,9 @@ die() { log "$*"; exit 1; }
 [ "$(id -u)" = 0 ] || die "must run as root (it installs packages and starts daemons)"
 
 install_packages() {
-	local missing=()
-	command -v munged >/dev/null || missing+=(munge)
-	command -v slurmctld >/dev/null || missing+=(slurmctld)
-	command -v slurmd >/dev/null || missing+=(slurmd)
-	command -v sbatch >/dev/null || missing+=(slurm-client)
-	if [ "${#missing[@]}" -eq 0 ]; then
-		return
-	fi
-	log "installing ${missing[*]} (apt-get)"
-	apt-get update -qq
-	# policy-rc.d and the absence of systemd keep the packages' own services
-	# from starting; this script starts the daemons itself.
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+	# Installed before slurm.conf exists, the packages' init scripts start
+	# no Slurm daemon (munge's may start munged: start_daemons finds it).
+	ENSURE_DEBS_FOR=slurm-setup.sh "$(dirname "${BASH_SOURCE[0]}")/ensure-debs.sh" munge slurmctld slurmd slurm-client
 }
 
 # write_conf writes slurm.conf for one node named after this host. Job

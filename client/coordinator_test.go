@@ -163,6 +163,9 @@ type gate struct {
 	rejectStreams bool              // StreamCommands answers UNIMPLEMENTED
 	streamed      chan struct{}     // closed at the first StreamCommands
 	partitioned   bool              // Heartbeat and RegisterWorker answer UNAVAILABLE
+	// alter, if set, changes a unary call's answer, as a newer coordinator
+	// might give it.
+	alter func(name string, resp any)
 }
 
 func newGate() *gate {
@@ -200,9 +203,13 @@ func (g *gate) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h
 	resp, err := handler(ctx, req)
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if name := info.FullMethod[strings.LastIndex(info.FullMethod, "/")+1:]; g.loseReply[name] > 0 {
+	name := info.FullMethod[strings.LastIndex(info.FullMethod, "/")+1:]
+	if g.loseReply[name] > 0 {
 		g.loseReply[name]--
 		return nil, status.Error(codes.Unavailable, "gate: the answer was lost")
+	}
+	if g.alter != nil && err == nil {
+		g.alter(name, resp)
 	}
 	return resp, err
 }

@@ -10,8 +10,10 @@
 // Two helpers cover the processes of a run:
 //
 //   - StartTrainer registers a trainer rank. Its CompleteStep is the
-//     step-loop check ("continue, or save now and stop?") and
-//     ReportCheckpoint reports the saved checkpoint.
+//     step-loop check ("continue, or save now and stop?", or, in a run with
+//     safety saves, "save now and continue") and ReportCheckpoint reports
+//     the saved checkpoint. An action the client does not know comes with
+//     ErrUnknownAction, never as a silent CONTINUE.
 //   - StartWorker registers any worker (an environment worker, usually) and
 //     delivers its commands on a channel.
 //

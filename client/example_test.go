@@ -65,11 +65,14 @@ func ExampleTrainer() {
 		switch d.GetAction() {
 		case v1.StepAction_STEP_ACTION_CONTINUE:
 			continue
-		case v1.StepAction_STEP_ACTION_SAVE_AND_STOP:
+		case v1.StepAction_STEP_ACTION_SAVE_AND_CONTINUE, v1.StepAction_STEP_ACTION_SAVE_AND_STOP:
 			began = time.Now()
 			saveCheckpoint(step)
 			if _, err := tr.ReportCheckpoint(ctx, step, v1.CheckpointPhase_CHECKPOINT_PHASE_SAVED, time.Since(began)); err != nil {
 				log.Fatal(err)
+			}
+			if d.GetAction() == v1.StepAction_STEP_ACTION_SAVE_AND_CONTINUE {
+				continue // a safety save
 			}
 		}
 		log.Printf("stopping after step %d: %s", step, d.GetExplanation())

@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -44,9 +45,18 @@ func (c *Client) StartTrainer(ctx context.Context, cfg TrainerConfig) (*Trainer,
 	return &Trainer{Worker: w}, nil
 }
 
+// ErrUnknownAction: the coordinator answered a step with an action this
+// client does not know (a newer coordinator). CompleteStep returns it with
+// the decision rather than let the loop read the answer as CONTINUE: an
+// action it does not know may ask for a save.
+var ErrUnknownAction = errors.New("client: the coordinator answered an action this client does not know; upgrade it")
+
 // CompleteStep reports that step (from 1) finished after iteration and
-// returns what to do: keep training, save the checkpoint of this step and
-// stop, or stop. Every rank gets the same decision for the same step.
+// returns what to do: keep training (CONTINUE); save the checkpoint of this
+// step, report it, and stop (SAVE_AND_STOP); save and report it, then keep
+// training (SAVE_AND_CONTINUE, a safety save: only in runs with
+// reserve.safety_saves); or stop (STOP). Every rank gets the same decision
+// for the same step. Any other action comes with ErrUnknownAction.
 func (t *Trainer) CompleteStep(ctx context.Context, step int64, iteration time.Duration) (*v1.Decision, error) {
 	var resp *v1.CompleteStepResponse
 	err := t.fenced(ctx, func(inc int64) (err error) {
@@ -58,10 +68,16 @@ func (t *Trainer) CompleteStep(ctx context.Context, step int64, iteration time.D
 	if err != nil {
 		return nil, fmt.Errorf("client: complete step %d: %w", step, err)
 	}
-	if d := resp.GetDecision(); d != nil {
+	d := resp.GetDecision()
+	if d == nil {
+		d = &v1.Decision{Step: resp.GetStep(), Action: resp.GetAction(), Explanation: resp.GetExplanation()}
+	}
+	switch d.GetAction() {
+	case v1.StepAction_STEP_ACTION_CONTINUE, v1.StepAction_STEP_ACTION_SAVE_AND_STOP,
+		v1.StepAction_STEP_ACTION_STOP, v1.StepAction_STEP_ACTION_SAVE_AND_CONTINUE:
 		return d, nil
 	}
-	return &v1.Decision{Step: resp.GetStep(), Action: resp.GetAction(), Explanation: resp.GetExplanation()}, nil
+	return d, fmt.Errorf("client: step %d: action %d (%s): %w", step, d.GetAction(), d.GetExplanation(), ErrUnknownAction)
 }
 
 // ReportCheckpoint reports this rank's checkpoint of step: SAVED after

@@ -144,3 +144,36 @@ func TestSupersededTrainerCallsAreRefused(t *testing.T) {
 		t.Fatalf("replacement's Err = %v", err)
 	}
 }
+
+// An action this client does not know (a newer coordinator's) comes back
+// as ErrUnknownAction with the decision, never as a bare decision that a
+// loop checking for SAVE_AND_STOP would read as CONTINUE.
+func TestTrainerUnknownAction(t *testing.T) {
+	co := startCoordinator(t)
+	cl := co.createRun("r1", turnSpec(1))
+	tr := startTrainer(t, cl, 0)
+	answer := func(a v1.StepAction) {
+		co.gate.set(func(g *gate) {
+			g.alter = func(name string, resp any) {
+				if r, ok := resp.(*v1.CompleteStepResponse); ok {
+					// A copy: the coordinator answers with the decision it stores.
+					r.Decision = proto.Clone(r.Decision).(*v1.Decision)
+					r.Action, r.Decision.Action = a, a
+				}
+			}
+		})
+	}
+	answer(9)
+	d, err := tr.CompleteStep(t.Context(), 1, time.Second)
+	if !errors.Is(err, client.ErrUnknownAction) || d.GetAction() != 9 || d.GetStep() != 1 {
+		t.Fatalf("CompleteStep answered action 9: %v, %v; want the decision and ErrUnknownAction", d, err)
+	}
+	answer(v1.StepAction_STEP_ACTION_SAVE_AND_CONTINUE) // known: a safety save
+	if d, err := tr.CompleteStep(t.Context(), 1, time.Second); err != nil || d.GetAction() != v1.StepAction_STEP_ACTION_SAVE_AND_CONTINUE {
+		t.Fatalf("CompleteStep answered SAVE_AND_CONTINUE: %v, %v", d, err)
+	}
+	co.gate.set(func(g *gate) { g.alter = nil })
+	if d, err := tr.CompleteStep(t.Context(), 1, time.Second); err != nil || d.GetAction() != v1.StepAction_STEP_ACTION_CONTINUE {
+		t.Fatalf("the same step as stored: %v, %v; want CONTINUE", d, err)
+	}
+}

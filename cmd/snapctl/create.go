@@ -28,6 +28,10 @@ type specFlags struct {
 	targetLevel                       string
 	window                            int
 	margin, expCheckpoint, expSnap    time.Duration
+	checkpointEvery                   int
+	policy                            string
+	maxLoss                           time.Duration
+	safetySaves                       bool
 }
 
 // The grammars of the duration flags (cmd/internal/durations): those the
@@ -37,6 +41,8 @@ var (
 	budgetGrammar       = durations.Options{WholeSeconds: true}
 	secondsGrammar      = durations.Options{BareSeconds: true}
 	wholeSecondsGrammar = durations.Options{BareSeconds: true, WholeSeconds: true}
+	// Flags new since the grammar was unified take no bare number.
+	durationGrammar = durations.Options{}
 )
 
 func setupRunCreate(fs *flag.FlagSet, c *cli) func(context.Context, []string) error {
@@ -57,6 +63,10 @@ func setupRunCreate(fs *flag.FlagSet, c *cli) func(context.Context, []string) er
 	durations.Var(fs, &f.margin, "margin", 0, secondsGrammar, "safety margin M, a `duration` (seconds, or 1m30s)")
 	durations.Var(fs, &f.expCheckpoint, "expected-checkpoint", 0, secondsGrammar, "prior for C, a `duration` (seconds, or 2m), until a checkpoint is measured")
 	durations.Var(fs, &f.expSnap, "expected-snapshot", 0, secondsGrammar, "prior for R, a `duration` (seconds, or 1m), until a snapshot is measured")
+	fs.IntVar(&f.checkpointEvery, "checkpoint-every", 0, "the trainer saves a regular checkpoint after every `N`th step (NeMo RL's save_period), counted in the look-ahead")
+	fs.StringVar(&f.policy, "policy", "", "the deadline `policy`: max (the default) or expected-loss")
+	fs.BoolVar(&f.safetySaves, "safety-saves", false, "with --policy expected-loss: a step may be answered SAVE_AND_CONTINUE (every rank must handle it)")
+	durations.Var(fs, &f.maxLoss, "max-loss", 0, durationGrammar, "τ for --policy expected-loss, a `duration`: a miss losing more work than this weighs as a disaster (default 25m)")
 	return func(ctx context.Context, args []string) error {
 		if err := wantArgs(args, "RUN_ID"); err != nil {
 			return err
@@ -147,6 +157,19 @@ func (c *cli) applySnapshotFlags(f specFlags, spec *v1.RunSpec) error {
 	if set["expected-snapshot"] {
 		res.ExpectedSnapshotSeconds = proto.Float64(f.expSnap.Seconds())
 	}
+	if set["policy"] {
+		p, err := parsePolicy(f.policy)
+		if err != nil {
+			return inputErr("--policy: %w", err)
+		}
+		res.Policy = p
+	}
+	if set["max-loss"] {
+		res.MaxLossSeconds = f.maxLoss.Seconds()
+	}
+	if set["safety-saves"] {
+		res.SafetySaves = f.safetySaves
+	}
 	return nil
 }
 
@@ -163,6 +186,7 @@ func (c *cli) applyInt32Flags(f specFlags, spec *v1.RunSpec) error {
 		{"max-consecutive-failures", f.maxFailures, func(v int32) { rc.MaxConsecutiveFailures = v }},
 		{"snapshot-timeout", int(f.snapshotTimeout / time.Second), func(v int32) { rc.SnapshotTimeoutS = v }},
 		{"reserve-window", f.window, func(v int32) { spec.Reserve.Window = v }},
+		{"checkpoint-every", f.checkpointEvery, func(v int32) { spec.Checkpointing.CheckpointEverySteps = v }},
 	} {
 		if !c.setFlags[fl.name] {
 			continue

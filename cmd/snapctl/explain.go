@@ -70,6 +70,11 @@ func findDecision(ctx context.Context, cl *client.Client, runID string, step int
 func explainDecision(w io.Writer, run *v1.Run, d *v1.Decision) {
 	in := d.GetInputs()
 	fmt.Fprintf(w, "run %s, step %d, decided %s:\n", run.GetRunId(), d.GetStep(), stamp(d.GetDecidedAt()))
+	if expectedLoss(run) {
+		explainExpectedLoss(w, d)
+		explainNow(w, run)
+		return
+	}
 	fmt.Fprintf(w, "%s\n\n", verdict(d))
 	if in.GetMustSaveBy() != nil {
 		window := run.GetSpec().GetReserve().GetWindow()
@@ -142,6 +147,8 @@ func actionWord(a v1.StepAction) string {
 		return "saved and stopped"
 	case v1.StepAction_STEP_ACTION_STOP:
 		return "stopped"
+	case v1.StepAction_STEP_ACTION_SAVE_AND_CONTINUE:
+		return "saved and continued (a safety save)"
 	}
 	return a.String()
 }
@@ -161,7 +168,10 @@ func explainNoStep(w io.Writer, run *v1.Run) {
 	b := in.GetMustSaveBy().AsTime()
 	fmt.Fprintf(w, "B = %s. With I %s, C %s, R %s, M %s", stamp(in.GetMustSaveBy()), secs(in.GetIterationSeconds()),
 		secs(in.GetCheckpointSeconds()), secs(in.GetSaveReserveSeconds()), secs(in.GetMarginSeconds()))
-	if f := in.GetFiresAt(); f != nil {
+	switch f := in.GetFiresAt(); {
+	case f != nil && expectedLoss(run):
+		fmt.Fprintf(w, " (the policy's worst cases), no step completing before %s saves and stops", stamp(f))
+	case f != nil:
 		fmt.Fprintf(w, ", a step completing from %s on saves and stops", stamp(f))
 	}
 	fmt.Fprintln(w, ".")

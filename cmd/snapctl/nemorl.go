@@ -22,6 +22,8 @@ import (
 // accepts extra keys.
 type nemoRLConfig struct {
 	Checkpointing struct {
+		Enabled              *bool   `yaml:"enabled"`
+		SavePeriod           *int32  `yaml:"save_period"`
 		CheckpointMustSaveBy *string `yaml:"checkpoint_must_save_by"`
 		DeferredFinalize     *bool   `yaml:"deferred_finalize"`
 	} `yaml:"checkpointing"`
@@ -65,6 +67,10 @@ func (cfg nemoRLConfig) apply(spec *v1.RunSpec) error {
 	}
 	if ck.DeferredFinalize != nil {
 		spec.Checkpointing.DeferredFinalize = *ck.DeferredFinalize
+	}
+	// NeMo RL saves after every save_period-th step, only when enabled.
+	if ck.SavePeriod != nil && (ck.Enabled == nil || *ck.Enabled) {
+		spec.Checkpointing.CheckpointEverySteps = *ck.SavePeriod
 	}
 	if rc.SnapshotAttemptIntervalS != nil {
 		spec.RolloutCheckpointing.SnapshotAttemptIntervalS = proto.Int32(*rc.SnapshotAttemptIntervalS)

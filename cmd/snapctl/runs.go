@@ -205,6 +205,7 @@ func (c *cli) printRun(r *v1.Run) error {
 		{"started at", stamp(r.GetSpec().GetStartedAt())},
 		{"deadline", describeDeadline(r, now)},
 		{"regular saves", describeRegularSaves(r.GetSpec().GetCheckpointing().GetCheckpointEverySteps())},
+		{"policy", describePolicy(r)},
 		{"estimates", describeEstimates(r)},
 		{"last step", fmt.Sprintf("%d (last published checkpoint: step %d)", r.GetLastStep(), r.GetLastPublishedStep())},
 	}...)
@@ -212,7 +213,10 @@ func (c *cli) printRun(r *v1.Run) error {
 	case d.GetTriggerPending() != "": // set only until the deadline fires
 		rows = append(rows, []string{"fires at", describePending(d.GetTriggerPending())})
 	case d.GetFiresAt() != nil && r.GetFiredAt() == nil:
-		rows = append(rows, []string{"fires at", stamp(d.GetFiresAt()) + ": a step completing from then on saves and stops"})
+		rows = append(rows, []string{"fires at", describeFiresAt(r)})
+	}
+	if t := d.GetLastDurableSave(); t != nil {
+		rows = append(rows, []string{"last durable save", stamp(t) + ": a miss would lose the work since"})
 	}
 	if r.GetFiredAt() != nil {
 		rows = append(rows, []string{"fired", describeFire(r)})
@@ -230,7 +234,11 @@ func (c *cli) printRun(r *v1.Run) error {
 // (the regular save after step 20)" when one follows the next step.
 func describeEstimates(r *v1.Run) string {
 	d := r.GetDeadline()
-	out := fmt.Sprintf("I %s, C %s, R %s, M %s", secs(d.GetIterationSeconds()), secs(d.GetCheckpointSeconds()),
+	out := ""
+	if expectedLoss(r) {
+		out = "at their longest: "
+	}
+	out += fmt.Sprintf("I %s, C %s, R %s, M %s", secs(d.GetIterationSeconds()), secs(d.GetCheckpointSeconds()),
 		secs(d.GetSaveReserveSeconds()), secs(d.GetMarginSeconds()))
 	if d.RegularSaveSeconds != nil {
 		out += fmt.Sprintf(", S %s (the regular save after step %d)", secs(d.GetRegularSaveSeconds()), r.GetLastStep()+1)

@@ -61,6 +61,14 @@ func (d *demo) train(ctx context.Context, rank int32) error {
 				}
 			}
 			continue
+		case v1.StepAction_STEP_ACTION_SAVE_AND_CONTINUE:
+			// A safety save (a run with reserve.safety_saves; not this
+			// demo's): the checkpoint now, then more training.
+			d.out.say(who, "step %d: SAVE_AND_CONTINUE: writing a safety checkpoint", step)
+			if err := d.checkpoint(ctx, tr, who, step); err != nil {
+				return err
+			}
+			continue
 		case v1.StepAction_STEP_ACTION_SAVE_AND_STOP:
 			d.out.say(who, "step %d: SAVE_AND_STOP: writing the final checkpoint", step)
 			if err := d.checkpoint(ctx, tr, who, step); err != nil {

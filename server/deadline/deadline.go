@@ -37,6 +37,10 @@ type Observations struct {
 	// trainer checkpoint, so a regular save also holds up the next
 	// iteration's rollouts for R.
 	SnapshotFollowsCheckpoint bool
+	// History holds the bounded histories the expected-loss policy decides
+	// from; Max ignores it, and the engine fills it only for a policy that
+	// reads it. Nil: nothing recorded.
+	History *History
 }
 
 // Estimates are the inputs of a decision, in seconds.
@@ -77,16 +81,36 @@ func sum(terms ...float64) time.Duration {
 
 // Verdict is the outcome of the rule for one completed step.
 type Verdict struct {
-	Fire        bool
+	Fire bool
+	// SafetySave: continue, but save first (ExpectedLoss with SafetySaves;
+	// never with Fire).
+	SafetySave  bool
 	Explanation string
+	// Loss holds the expected-loss figures when the policy weighed them
+	// (ExpectedLoss, short of the worst case fitting); nil otherwise.
+	Loss *Loss
 }
 
-// Policy turns observations into estimates and estimates into decisions.
+// Loss is what the expected-loss policy weighed at a step: the expected
+// loss, seconds, of saving now and of saving after one more step, and the
+// probability that each misses B − M.
+type Loss struct {
+	NowSeconds, NextSeconds float64
+	MissNow, MissNext       float64
+	// SafetySeconds: a safety save now, then one more step; meaningful
+	// only when Safety (the policy weighed one).
+	SafetySeconds float64
+	Safety        bool
+}
+
+// Policy turns observations into estimates and decisions.
 type Policy interface {
+	// Estimate gives the estimates Run.deadline shows, and FiresAt and
+	// PreStepFiresAt work from.
 	Estimate(o Observations) Estimates
-	// Decide applies the rule at a completed step.
-	Decide(now, mustSaveBy time.Time, est Estimates) Verdict
-	// FiresAt is the earliest completion time at which Decide fires.
+	// Judge applies the rule at a completed step; est is Estimate(o).
+	Judge(now, mustSaveBy time.Time, o Observations, est Estimates) Verdict
+	// FiresAt is the earliest completion time at which Judge can fire.
 	FiresAt(mustSaveBy time.Time, est Estimates) time.Time
 	// PreStepFiresAt is when, with no step completed yet, the bootstrap
 	// state must be saved: there is no iteration to wait for.
@@ -150,7 +174,12 @@ func (p Max) Decide(now, mustSaveBy time.Time, est Estimates) Verdict {
 		terms, stamp(mustSaveBy), stop)}
 }
 
-// FiresAt implements Policy.
+// Judge implements Policy: Max decides from the estimates alone.
+func (p Max) Judge(now, mustSaveBy time.Time, _ Observations, est Estimates) Verdict {
+	return p.Decide(now, mustSaveBy, est)
+}
+
+// FiresAt implements Policy: Max fires exactly from then on.
 func (Max) FiresAt(mustSaveBy time.Time, est Estimates) time.Time {
 	return mustSaveBy.Add(-est.Total())
 }

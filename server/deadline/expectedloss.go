@@ -91,8 +91,16 @@ type Assessment struct {
 	LossSafetySeconds float64
 }
 
-// Verdict is the assessment as the engine records it.
-func (a Assessment) Verdict() Verdict { return Verdict{Fire: a.Fire, Explanation: a.Explanation} }
+// Verdict is the assessment as the engine records it, with the losses
+// weighed unless the worst case fit (or no iteration was measured).
+func (a Assessment) Verdict() Verdict {
+	v := Verdict{Fire: a.Fire, SafetySave: a.SafetySave, Explanation: a.Explanation}
+	if a.LossNowSeconds != 0 || a.LossNextSeconds != 0 {
+		v.Loss = &Loss{NowSeconds: a.LossNowSeconds, NextSeconds: a.LossNextSeconds, MissNow: a.MissNow, MissNext: a.MissNext,
+			SafetySeconds: a.LossSafetySeconds, Safety: a.LossSafetySeconds != 0}
+	}
+	return v
+}
 
 // model is the predictive side of one decision.
 type model struct {
@@ -239,4 +247,44 @@ func percent(q float64) string {
 		return fmt.Sprintf("%.1f %%", 100*q)
 	}
 	return fmt.Sprintf("%.0f %%", math.Round(100*q))
+}
+
+// Estimate implements Policy: the worst case of o.History. A regular save
+// that follows the step counts as a whole save, C + R, as Assess models it
+// whether or not a snapshot follows the checkpoint, so that FiresAt stays a
+// lower bound.
+func (p ExpectedLoss) Estimate(o Observations) Estimates {
+	est := p.WorstCase(o.history())
+	if o.RegularSaveFollows {
+		est.RegularSave, est.RegularSaveFollows = est.Checkpoint+est.Reserve, true
+	}
+	return est
+}
+
+// Judge implements Policy with Assess.
+func (p ExpectedLoss) Judge(now, mustSaveBy time.Time, o Observations, _ Estimates) Verdict {
+	return p.Assess(now, mustSaveBy, o.RegularSaveFollows, o.history()).Verdict()
+}
+
+// FiresAt implements Policy: B − (S + I + C + R + M) of the worst case.
+// Before it, one more step and the save fit even at their longest and Assess
+// continues; from it on, Assess weighs the losses, and may still continue.
+func (ExpectedLoss) FiresAt(mustSaveBy time.Time, est Estimates) time.Time {
+	return Max{}.FiresAt(mustSaveBy, est)
+}
+
+// PreStepFiresAt implements Policy: B − (C + R + M) of the worst case, no
+// later than Assess's guard without an iteration (the save's longest
+// support point).
+func (ExpectedLoss) PreStepFiresAt(mustSaveBy time.Time, est Estimates) time.Time {
+	return Max{}.PreStepFiresAt(mustSaveBy, est)
+}
+
+// history is o.History, or an empty one.
+func (o Observations) history() *History {
+	if o.History != nil {
+		return o.History
+	}
+	h := NewHistory()
+	return &h
 }

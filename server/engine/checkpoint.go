@@ -59,8 +59,9 @@ func (m *mut) checkpointSaved(step int64, st *storagev1.StepRecord, rank int32, 
 		r.rec.MaxCheckpointSeconds = max(r.rec.MaxCheckpointSeconds, sec)
 		m.dirty()
 	}
-	if len(st.SavedRanks) >= int(r.rec.Run.Spec.TrainerWorldSize) {
+	if !st.Saved && len(st.SavedRanks) >= int(r.rec.Run.Spec.TrainerWorldSize) {
 		st.Saved = true
+		m.recordCheckpoint(st.MaxSaveSeconds)
 	}
 	// Put only now: a batch keeps the record as it was when put, and with
 	// deferred finalize nothing puts it again until PUBLISHED, so a Saved
@@ -129,6 +130,7 @@ func (m *mut) published(st *storagev1.StepRecord) {
 	newer := r.rec.Run.LastPublishedStep
 	if st.Step > newer {
 		r.rec.Run.LastPublishedStep = st.Step
+		m.durableOnPublish(st.Step)
 	}
 	m.event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_CHECKPOINT_PUBLISHED, Step: st.Step,
 		Message: fmt.Sprintf("checkpoint of step %d published", st.Step)})
@@ -136,7 +138,8 @@ func (m *mut) published(st *storagev1.StepRecord) {
 		m.startDeadlineSave(st.Step)
 		return
 	}
-	if r.fired() || !snapshotAfterCheckpoint(r.rec.Run.Spec) {
+	safety := m.safetyCheckpointPublished(st.Step)
+	if r.fired() || !snapshotAfterCheckpoint(r.rec.Run.Spec) && !safety {
 		return
 	}
 	if st.Step < newer {
@@ -149,6 +152,9 @@ func (m *mut) published(st *storagev1.StepRecord) {
 		return
 	}
 	m.trySnapshot(v1.SnapshotReason_SNAPSHOT_REASON_TRAINER_CHECKPOINT, st.Step)
+	if safety {
+		m.safetySnapshotIssued(st.Step)
+	}
 }
 
 func (m *mut) isFiredStep(step int64) bool {

@@ -20,7 +20,7 @@ var t0 = time.Date(2026, 11, 30, 8, 0, 0, 0, time.UTC)
 
 // harness is an engine on a real bbolt file with a fake clock.
 type harness struct {
-	t   *testing.T
+	t   testing.TB
 	ctx context.Context
 	clk *clock.Fake
 	dir string
@@ -38,14 +38,14 @@ func newHarness(t *testing.T) *harness {
 
 // newHarnessWith is newHarness with other engine options (e.g. a longer
 // heartbeat interval, so that advance can take larger steps).
-func newHarnessWith(t *testing.T, opts Options) *harness {
+func newHarnessWith(t testing.TB, opts Options) *harness {
 	t.Helper()
 	return newHarnessStore(t, opts, store.Options{})
 }
 
 // newHarnessStore is newHarnessWith with store options (e.g. an OnCommit
 // that holds the committer).
-func newHarnessStore(t *testing.T, opts Options, storeOpts store.Options) *harness {
+func newHarnessStore(t testing.TB, opts Options, storeOpts store.Options) *harness {
 	t.Helper()
 	h := &harness{t: t, ctx: context.Background(), clk: clock.NewFake(t0), dir: t.TempDir(), opts: opts, storeOpts: storeOpts}
 	h.open()

@@ -356,7 +356,9 @@ func (m *mut) completeSnapshot(s *v1.Snapshot, outcome v1.SnapshotOutcome, why s
 	m.closeSnapshot(s, outcome, why)
 	if outcome == v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SAVED {
 		m.recordReserve(m.reserveSeconds(s, reported))
+		m.durableOnSnapshot(s)
 	}
+	m.safetySnapshotCompleted(s)
 	if s.SnapshotId == r.rec.DeadlineSnapshotId {
 		m.finishDeadline(s)
 		return
@@ -442,6 +444,7 @@ func (m *mut) recordReserve(sec float64) {
 	if n := len(r.rec.SavedSnapshotSeconds); n > w {
 		r.rec.SavedSnapshotSeconds = append([]float64(nil), r.rec.SavedSnapshotSeconds[n-w:]...)
 	}
+	m.recordSnapshot(sec)
 	m.dirty()
 	m.armPreStep() // R moved, and with it the pre-step deadline
 }

@@ -50,6 +50,12 @@ func normalizeSpec(in *v1.RunSpec, now time.Time) (*v1.RunSpec, error) {
 	if err := checkSaves(s); err != nil {
 		return nil, err
 	}
+	if err := checkPolicy(s); err != nil {
+		return nil, err
+	}
+	if err := checkSafetySaves(s); err != nil {
+		return nil, err
+	}
 	return s, nil
 }
 
@@ -174,7 +180,7 @@ func regularSaveFollows(s *v1.RunSpec, step int64) bool {
 func (r *runState) observations(step int64) deadline.Observations {
 	spec := r.rec.Run.Spec
 	res := spec.Reserve
-	return deadline.Observations{
+	o := deadline.Observations{
 		MaxIterationSeconds:       r.rec.MaxIterationSeconds,
 		CheckpointSeconds:         r.rec.MaxCheckpointSeconds,
 		CheckpointMeasured:        r.rec.CheckpointMeasured,
@@ -185,6 +191,10 @@ func (r *runState) observations(step int64) deadline.Observations {
 		RegularSaveFollows:        regularSaveFollows(spec, step),
 		SnapshotFollowsCheckpoint: snapshotAfterCheckpoint(spec),
 	}
+	if expectedLoss(r) {
+		o.History = r.history()
+	}
+	return o
 }
 
 // nextStep is the step the next decision is about: 0 before the first
@@ -206,7 +216,7 @@ func (r *runState) mustSaveBy() (time.Time, bool) {
 
 // deadlineView is Run.deadline: B and the estimates the next decision uses.
 func (e *Engine) deadlineView(r *runState) *v1.Deadline {
-	return e.deadlineOf(r, e.policy.Estimate(r.observations(r.nextStep())))
+	return e.deadlineOf(r, e.policyOf(r).Estimate(r.observations(r.nextStep())))
 }
 
 // deadlineOf is B with the estimates est, and when the rule fires with them.
@@ -225,7 +235,10 @@ func (e *Engine) deadlineOf(r *runState, est deadline.Estimates) *v1.Deadline {
 		d.TriggerPending = r.rec.ManualFireReason
 	}
 	if b, ok := r.mustSaveBy(); ok {
-		d.FiresAt = timestamppb.New(e.policy.FiresAt(b, est))
+		d.FiresAt = timestamppb.New(e.policyOf(r).FiresAt(b, est))
+	}
+	if expectedLoss(r) {
+		d.LastDurableSave = timestamppb.New(r.lastDurableSave())
 	}
 	return d
 }

@@ -72,6 +72,7 @@ func (m *mut) completeStep(ctx context.Context, step int64, iterSeconds float64)
 	runID := m.r.id
 	m.observe(func(ctx context.Context) { m.e.obs.Decision(ctx, runID, step, d.Action) })
 	m.savedBeforeAsked(st)
+	m.safetySavedBeforeAsked(st)
 	return d, nil
 }
 
@@ -96,6 +97,7 @@ func (m *mut) observeIteration(st *storagev1.StepRecord, sec float64) {
 	}
 	st.MaxIterationSeconds = sec
 	m.putStep(st)
+	m.recordIteration(st.Step, sec)
 	if sec > m.r.rec.MaxIterationSeconds {
 		m.r.rec.MaxIterationSeconds = sec
 		m.dirty()
@@ -107,7 +109,8 @@ func (m *mut) observeIteration(st *storagev1.StepRecord, sec float64) {
 func (m *mut) decide(step int64) *v1.Decision {
 	r := m.r
 	m.decidedLate(step, fmt.Sprintf("step %d was decided", step))
-	est := m.e.policy.Estimate(r.observations(step))
+	p, o := m.e.policyOf(r), r.observations(step)
+	est := p.Estimate(o)
 	d := &v1.Decision{Step: step, DecidedAt: m.ts(), Inputs: m.e.deadlineOf(r, est)}
 	switch {
 	case r.fired() && r.rec.Run.FireKind != v1.DeadlineFireKind_DEADLINE_FIRE_KIND_PRE_STEP && step < r.rec.Run.FiredAtStep:
@@ -129,12 +132,17 @@ func (m *mut) decide(step int64) *v1.Decision {
 			d.Explanation = "the run has no deadline: continue"
 			break
 		}
-		v := m.e.policy.Decide(m.now, b, est)
+		v := p.Judge(m.now, b, o, est)
+		withLoss(d.Inputs, v.Loss)
 		d.Explanation = v.Explanation
 		d.Action = v1.StepAction_STEP_ACTION_CONTINUE
-		if v.Fire {
+		switch {
+		case v.Fire:
 			d.Action = v1.StepAction_STEP_ACTION_SAVE_AND_STOP
 			m.fire(v1.DeadlineFireKind_DEADLINE_FIRE_KIND_STEP, step, v.Explanation)
+		case v.SafetySave:
+			d.Action = v1.StepAction_STEP_ACTION_SAVE_AND_CONTINUE
+			m.startSafetySave(step)
 		}
 	}
 	return d
@@ -177,7 +185,8 @@ func (m *mut) armPreStep() {
 		m.disarm(timerPreStep)
 		return
 	}
-	at := m.e.policy.PreStepFiresAt(b, m.e.policy.Estimate(r.observations(0)))
+	p := m.e.policyOf(r)
+	at := p.PreStepFiresAt(b, p.Estimate(r.observations(0)))
 	m.arm(timerPreStep, at, func(m *mut) {
 		// A first step that completed while this callback waited for the
 		// lock makes it stale: it saves nothing.

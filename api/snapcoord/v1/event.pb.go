@@ -34,6 +34,18 @@ const (
 	StepAction_STEP_ACTION_SAVE_AND_STOP StepAction = 2
 	// Stop without saving: the deadline already fired or the run is over.
 	StepAction_STEP_ACTION_STOP StepAction = 3
+	// A safety save: save the trainer checkpoint of this step and report it
+	// (ReportCheckpoint, as for any checkpoint), then keep training. Only in
+	// runs with reserve.safety_saves (policy EXPECTED_LOSS). The environment
+	// workers get a Snapshot after the checkpoint is published (turn/prefix
+	// level), as after a regular checkpoint; the run stays RUNNING and the
+	// next steps are decided as usual. Once the checkpoint (and its snapshot)
+	// is saved, it is the run's last durable save; until then no other safety
+	// save is issued. If the deadline fires meanwhile, its snapshot supersedes
+	// the safety save's. A client that does not know this value must not
+	// treat it as CONTINUE: the Go client returns client.ErrUnknownAction for
+	// any action it does not know.
+	StepAction_STEP_ACTION_SAVE_AND_CONTINUE StepAction = 4
 )
 
 // Enum value maps for StepAction.
@@ -43,12 +55,14 @@ var (
 		1: "STEP_ACTION_CONTINUE",
 		2: "STEP_ACTION_SAVE_AND_STOP",
 		3: "STEP_ACTION_STOP",
+		4: "STEP_ACTION_SAVE_AND_CONTINUE",
 	}
 	StepAction_value = map[string]int32{
-		"STEP_ACTION_UNSPECIFIED":   0,
-		"STEP_ACTION_CONTINUE":      1,
-		"STEP_ACTION_SAVE_AND_STOP": 2,
-		"STEP_ACTION_STOP":          3,
+		"STEP_ACTION_UNSPECIFIED":       0,
+		"STEP_ACTION_CONTINUE":          1,
+		"STEP_ACTION_SAVE_AND_STOP":     2,
+		"STEP_ACTION_STOP":              3,
+		"STEP_ACTION_SAVE_AND_CONTINUE": 4,
 	}
 )
 
@@ -195,10 +209,14 @@ type Decision struct {
 	// When the coordinator decided.
 	DecidedAt *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=decided_at,json=decidedAt,proto3" json:"decided_at,omitempty"`
 	// I, C, R, M and B as they stood at the decision, and S when a regular
-	// save follows the step.
+	// save follows the step; under EXPECTED_LOSS, the worst cases and the
+	// losses weighed.
 	Inputs *Deadline `protobuf:"bytes,4,opt,name=inputs,proto3" json:"inputs,omitempty"`
 	// The rule applied, in words: "now+I+C+R+M = ... < B = ...", or
-	// "now+S+I+C+R+M = ..." at a step a regular save follows.
+	// "now+S+I+C+R+M = ..." at a step a regular save follows; under
+	// reserve.policy EXPECTED_LOSS, "saving now: expected loss 3.1 min
+	// (P(miss) 0 %); one more step: 4.8 min (P(miss) 2.6 %): ...", or "even
+	// the worst case fits: ...".
 	Explanation   string `protobuf:"bytes,5,opt,name=explanation,proto3" json:"explanation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -421,13 +439,14 @@ const file_snapcoord_v1_event_proto_rawDesc = "" +
 	"\x05state\x18\t \x01(\x0e2\x16.snapcoord.v1.RunStateR\x05state\x12\x1f\n" +
 	"\vcommand_seq\x18\n" +
 	" \x01(\x03R\n" +
-	"commandSeq*x\n" +
+	"commandSeq*\x9b\x01\n" +
 	"\n" +
 	"StepAction\x12\x1b\n" +
 	"\x17STEP_ACTION_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14STEP_ACTION_CONTINUE\x10\x01\x12\x1d\n" +
 	"\x19STEP_ACTION_SAVE_AND_STOP\x10\x02\x12\x14\n" +
-	"\x10STEP_ACTION_STOP\x10\x03*\xbd\x04\n" +
+	"\x10STEP_ACTION_STOP\x10\x03\x12!\n" +
+	"\x1dSTEP_ACTION_SAVE_AND_CONTINUE\x10\x04*\xbd\x04\n" +
 	"\fRunEventType\x12\x1e\n" +
 	"\x1aRUN_EVENT_TYPE_UNSPECIFIED\x10\x00\x12\x1e\n" +
 	"\x1aRUN_EVENT_TYPE_RUN_CREATED\x10\x01\x12 \n" +

@@ -169,6 +169,66 @@ func (TargetLevel) EnumDescriptor() ([]byte, []int) {
 	return file_snapcoord_v1_run_proto_rawDescGZIP(), []int{1}
 }
 
+// ReservePolicy is the rule that decides each completed step
+// (ReserveSpec.policy).
+type ReservePolicy int32
+
+const (
+	// Not set: MAX.
+	ReservePolicy_RESERVE_POLICY_UNSPECIFIED ReservePolicy = 0
+	// Save once now + I + C + R + M >= B (+ S when a regular save follows),
+	// every estimate the largest seen: a single slow iteration cannot run past
+	// the deadline.
+	ReservePolicy_RESERVE_POLICY_MAX ReservePolicy = 1
+	// Save once saving now is expected to lose no more than saving after one
+	// more step, from bounded histories of the iterations, checkpoints and
+	// snapshots and the work at stake since the last durable save (see
+	// docs/design-notes.md). Deadline.fires_at is then the earliest a step can
+	// get SAVE_AND_STOP, not the time it will.
+	ReservePolicy_RESERVE_POLICY_EXPECTED_LOSS ReservePolicy = 2
+)
+
+// Enum value maps for ReservePolicy.
+var (
+	ReservePolicy_name = map[int32]string{
+		0: "RESERVE_POLICY_UNSPECIFIED",
+		1: "RESERVE_POLICY_MAX",
+		2: "RESERVE_POLICY_EXPECTED_LOSS",
+	}
+	ReservePolicy_value = map[string]int32{
+		"RESERVE_POLICY_UNSPECIFIED":   0,
+		"RESERVE_POLICY_MAX":           1,
+		"RESERVE_POLICY_EXPECTED_LOSS": 2,
+	}
+)
+
+func (x ReservePolicy) Enum() *ReservePolicy {
+	p := new(ReservePolicy)
+	*p = x
+	return p
+}
+
+func (x ReservePolicy) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ReservePolicy) Descriptor() protoreflect.EnumDescriptor {
+	return file_snapcoord_v1_run_proto_enumTypes[2].Descriptor()
+}
+
+func (ReservePolicy) Type() protoreflect.EnumType {
+	return &file_snapcoord_v1_run_proto_enumTypes[2]
+}
+
+func (x ReservePolicy) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ReservePolicy.Descriptor instead.
+func (ReservePolicy) EnumDescriptor() ([]byte, []int) {
+	return file_snapcoord_v1_run_proto_rawDescGZIP(), []int{2}
+}
+
 // DeadlineFireKind says what fired the deadline.
 type DeadlineFireKind int32
 
@@ -212,11 +272,11 @@ func (x DeadlineFireKind) String() string {
 }
 
 func (DeadlineFireKind) Descriptor() protoreflect.EnumDescriptor {
-	return file_snapcoord_v1_run_proto_enumTypes[2].Descriptor()
+	return file_snapcoord_v1_run_proto_enumTypes[3].Descriptor()
 }
 
 func (DeadlineFireKind) Type() protoreflect.EnumType {
-	return &file_snapcoord_v1_run_proto_enumTypes[2]
+	return &file_snapcoord_v1_run_proto_enumTypes[3]
 }
 
 func (x DeadlineFireKind) Number() protoreflect.EnumNumber {
@@ -225,7 +285,7 @@ func (x DeadlineFireKind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use DeadlineFireKind.Descriptor instead.
 func (DeadlineFireKind) EnumDescriptor() ([]byte, []int) {
-	return file_snapcoord_v1_run_proto_rawDescGZIP(), []int{2}
+	return file_snapcoord_v1_run_proto_rawDescGZIP(), []int{3}
 }
 
 // RunSpec is what a launcher asks for. Fields left unset take the defaults
@@ -546,8 +606,26 @@ type ReserveSpec struct {
 	ExpectedCheckpointSeconds *float64 `protobuf:"fixed64,3,opt,name=expected_checkpoint_seconds,json=expectedCheckpointSeconds,proto3,oneof" json:"expected_checkpoint_seconds,omitempty"`
 	// Prior for R (environment snapshot seconds) until one is measured. 0..2592000.
 	ExpectedSnapshotSeconds *float64 `protobuf:"fixed64,4,opt,name=expected_snapshot_seconds,json=expectedSnapshotSeconds,proto3,oneof" json:"expected_snapshot_seconds,omitempty"`
-	unknownFields           protoimpl.UnknownFields
-	sizeCache               protoimpl.SizeCache
+	// The rule that decides each step. UNSPECIFIED (the default) is MAX: the
+	// simulations in docs/simulation.md found EXPECTED_LOSS better on most
+	// workloads but not on all, so a run opts in.
+	Policy ReservePolicy `protobuf:"varint,5,opt,name=policy,proto3,enum=snapcoord.v1.ReservePolicy" json:"policy,omitempty"`
+	// τ, seconds: with EXPECTED_LOSS, a miss that would lose more work than
+	// this (counted from the last durable save) weighs as a disaster, and the
+	// policy keeps P(miss) well under 1 % once it is at stake. 0 means the
+	// default, 1500 (25 min). Only with policy EXPECTED_LOSS. 0..2592000.
+	MaxLossSeconds float64 `protobuf:"fixed64,6,opt,name=max_loss_seconds,json=maxLossSeconds,proto3" json:"max_loss_seconds,omitempty"`
+	// With policy EXPECTED_LOSS: the policy may answer a step
+	// STEP_ACTION_SAVE_AND_CONTINUE (a safety save: a checkpoint and snapshot
+	// now, then more training) when that is expected to lose less than both
+	// continuing and stopping. Set it only when every trainer rank can
+	// checkpoint on demand with a client that knows that action. In
+	// simulation it cut the worst waste where a whole run was at stake, at
+	// the price of the time spent in safety saves (docs/simulation.md). Only
+	// with policy EXPECTED_LOSS, and not with checkpointing.deferred_finalize.
+	SafetySaves   bool `protobuf:"varint,7,opt,name=safety_saves,json=safetySaves,proto3" json:"safety_saves,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ReserveSpec) Reset() {
@@ -608,6 +686,27 @@ func (x *ReserveSpec) GetExpectedSnapshotSeconds() float64 {
 	return 0
 }
 
+func (x *ReserveSpec) GetPolicy() ReservePolicy {
+	if x != nil {
+		return x.Policy
+	}
+	return ReservePolicy_RESERVE_POLICY_UNSPECIFIED
+}
+
+func (x *ReserveSpec) GetMaxLossSeconds() float64 {
+	if x != nil {
+		return x.MaxLossSeconds
+	}
+	return 0
+}
+
+func (x *ReserveSpec) GetSafetySaves() bool {
+	if x != nil {
+		return x.SafetySaves
+	}
+	return false
+}
+
 // Deadline shows B and the estimates the next decision will use.
 type Deadline struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -623,7 +722,9 @@ type Deadline struct {
 	// M: the margin from the spec.
 	MarginSeconds float64 `protobuf:"fixed64,5,opt,name=margin_seconds,json=marginSeconds,proto3" json:"margin_seconds,omitempty"`
 	// B - (S + I + C + R + M): the next step (last_step + 1) completing at or
-	// after this time gets SAVE_AND_STOP; S counts only when a regular save
+	// after this time gets SAVE_AND_STOP (with reserve.policy EXPECTED_LOSS:
+	// no step completing before it does, one completing later may still
+	// continue; I, C, R and S are then the policy's worst cases); S counts only when a regular save
 	// follows that step (regular_save_seconds). Before the first step, whose
 	// number is not known, S is not counted. In a Decision's inputs: the same
 	// for the decided step. Unset when the run has no deadline.
@@ -639,8 +740,27 @@ type Deadline struct {
 	// workers snapshot before they serve the next iteration's rollouts. Unset
 	// when no regular save follows the step.
 	RegularSaveSeconds *float64 `protobuf:"fixed64,8,opt,name=regular_save_seconds,json=regularSaveSeconds,proto3,oneof" json:"regular_save_seconds,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// With reserve.policy EXPECTED_LOSS, in a Decision's inputs when the
+	// policy weighed the losses (not when even the worst case of one more
+	// step fit): the expected loss, seconds, of saving now and of saving after
+	// one more step (the loss: walltime left unused after the save, or on a
+	// miss the work since last_durable_save plus penalties), and the
+	// probability that each misses B - M.
+	ExpectedLossNowSeconds  *float64 `protobuf:"fixed64,9,opt,name=expected_loss_now_seconds,json=expectedLossNowSeconds,proto3,oneof" json:"expected_loss_now_seconds,omitempty"`
+	ExpectedLossNextSeconds *float64 `protobuf:"fixed64,10,opt,name=expected_loss_next_seconds,json=expectedLossNextSeconds,proto3,oneof" json:"expected_loss_next_seconds,omitempty"`
+	MissProbabilityNow      *float64 `protobuf:"fixed64,11,opt,name=miss_probability_now,json=missProbabilityNow,proto3,oneof" json:"miss_probability_now,omitempty"`
+	MissProbabilityNext     *float64 `protobuf:"fixed64,12,opt,name=miss_probability_next,json=missProbabilityNext,proto3,oneof" json:"miss_probability_next,omitempty"`
+	// With reserve.safety_saves, when the policy weighed one: the expected
+	// loss, seconds, of a safety save now (its duration counted as lost)
+	// followed by one more step.
+	ExpectedLossSafetySeconds *float64 `protobuf:"fixed64,14,opt,name=expected_loss_safety_seconds,json=expectedLossSafetySeconds,proto3,oneof" json:"expected_loss_safety_seconds,omitempty"`
+	// With reserve.policy EXPECTED_LOSS: since when the work is at stake, the
+	// end of the newest save a restart could resume from (a published
+	// checkpoint, with its SAVED environment snapshot at turn/prefix level),
+	// or spec.started_at until there is one.
+	LastDurableSave *timestamppb.Timestamp `protobuf:"bytes,13,opt,name=last_durable_save,json=lastDurableSave,proto3" json:"last_durable_save,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Deadline) Reset() {
@@ -727,6 +847,48 @@ func (x *Deadline) GetRegularSaveSeconds() float64 {
 		return *x.RegularSaveSeconds
 	}
 	return 0
+}
+
+func (x *Deadline) GetExpectedLossNowSeconds() float64 {
+	if x != nil && x.ExpectedLossNowSeconds != nil {
+		return *x.ExpectedLossNowSeconds
+	}
+	return 0
+}
+
+func (x *Deadline) GetExpectedLossNextSeconds() float64 {
+	if x != nil && x.ExpectedLossNextSeconds != nil {
+		return *x.ExpectedLossNextSeconds
+	}
+	return 0
+}
+
+func (x *Deadline) GetMissProbabilityNow() float64 {
+	if x != nil && x.MissProbabilityNow != nil {
+		return *x.MissProbabilityNow
+	}
+	return 0
+}
+
+func (x *Deadline) GetMissProbabilityNext() float64 {
+	if x != nil && x.MissProbabilityNext != nil {
+		return *x.MissProbabilityNext
+	}
+	return 0
+}
+
+func (x *Deadline) GetExpectedLossSafetySeconds() float64 {
+	if x != nil && x.ExpectedLossSafetySeconds != nil {
+		return *x.ExpectedLossSafetySeconds
+	}
+	return 0
+}
+
+func (x *Deadline) GetLastDurableSave() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LastDurableSave
+	}
+	return nil
 }
 
 // Run is one training job as the coordinator sees it.
@@ -945,15 +1107,18 @@ const file_snapcoord_v1_run_proto_rawDesc = "" +
 	"\x1c_snapshot_attempt_interval_sB!\n" +
 	"\x1f_snapshot_on_trainer_checkpoint\"]\n" +
 	"\x13RolloutRecoverySpec\x12F\n" +
-	"\ftarget_level\x18\x01 \x01(\x0e2\x19.snapcoord.v1.TargetLevelB\b\xbaH\x05\x82\x01\x02\x10\x01R\vtargetLevel\"\xed\x02\n" +
+	"\ftarget_level\x18\x01 \x01(\x0e2\x19.snapcoord.v1.TargetLevelB\b\xbaH\x05\x82\x01\x02\x10\x01R\vtargetLevel\"\x94\x04\n" +
 	"\vReserveSpec\x12\"\n" +
 	"\x06window\x18\x01 \x01(\x05B\n" +
 	"\xbaH\a\x1a\x05\x18\xe8\a(\x00R\x06window\x12@\n" +
 	"\x0emargin_seconds\x18\x02 \x01(\x01B\x19\xbaH\x16\x12\x14@\x01\x19\x00\x00\x00\x00\x80\xc6CA)\x00\x00\x00\x00\x00\x00\x00\x00R\rmarginSeconds\x12^\n" +
 	"\x1bexpected_checkpoint_seconds\x18\x03 \x01(\x01B\x19\xbaH\x16\x12\x14@\x01\x19\x00\x00\x00\x00\x80\xc6CA)\x00\x00\x00\x00\x00\x00\x00\x00H\x00R\x19expectedCheckpointSeconds\x88\x01\x01\x12Z\n" +
-	"\x19expected_snapshot_seconds\x18\x04 \x01(\x01B\x19\xbaH\x16\x12\x14@\x01\x19\x00\x00\x00\x00\x80\xc6CA)\x00\x00\x00\x00\x00\x00\x00\x00H\x01R\x17expectedSnapshotSeconds\x88\x01\x01B\x1e\n" +
+	"\x19expected_snapshot_seconds\x18\x04 \x01(\x01B\x19\xbaH\x16\x12\x14@\x01\x19\x00\x00\x00\x00\x80\xc6CA)\x00\x00\x00\x00\x00\x00\x00\x00H\x01R\x17expectedSnapshotSeconds\x88\x01\x01\x12=\n" +
+	"\x06policy\x18\x05 \x01(\x0e2\x1b.snapcoord.v1.ReservePolicyB\b\xbaH\x05\x82\x01\x02\x10\x01R\x06policy\x12C\n" +
+	"\x10max_loss_seconds\x18\x06 \x01(\x01B\x19\xbaH\x16\x12\x14@\x01\x19\x00\x00\x00\x00\x80\xc6CA)\x00\x00\x00\x00\x00\x00\x00\x00R\x0emaxLossSeconds\x12!\n" +
+	"\fsafety_saves\x18\a \x01(\bR\vsafetySavesB\x1e\n" +
 	"\x1c_expected_checkpoint_secondsB\x1c\n" +
-	"\x1a_expected_snapshot_seconds\"\xad\x03\n" +
+	"\x1a_expected_snapshot_seconds\"\xbe\a\n" +
 	"\bDeadline\x12<\n" +
 	"\fmust_save_by\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"mustSaveBy\x12+\n" +
@@ -963,8 +1128,20 @@ const file_snapcoord_v1_run_proto_rawDesc = "" +
 	"\x0emargin_seconds\x18\x05 \x01(\x01R\rmarginSeconds\x125\n" +
 	"\bfires_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\afiresAt\x12'\n" +
 	"\x0ftrigger_pending\x18\a \x01(\tR\x0etriggerPending\x125\n" +
-	"\x14regular_save_seconds\x18\b \x01(\x01H\x00R\x12regularSaveSeconds\x88\x01\x01B\x17\n" +
-	"\x15_regular_save_seconds\"\xf8\x05\n" +
+	"\x14regular_save_seconds\x18\b \x01(\x01H\x00R\x12regularSaveSeconds\x88\x01\x01\x12>\n" +
+	"\x19expected_loss_now_seconds\x18\t \x01(\x01H\x01R\x16expectedLossNowSeconds\x88\x01\x01\x12@\n" +
+	"\x1aexpected_loss_next_seconds\x18\n" +
+	" \x01(\x01H\x02R\x17expectedLossNextSeconds\x88\x01\x01\x125\n" +
+	"\x14miss_probability_now\x18\v \x01(\x01H\x03R\x12missProbabilityNow\x88\x01\x01\x127\n" +
+	"\x15miss_probability_next\x18\f \x01(\x01H\x04R\x13missProbabilityNext\x88\x01\x01\x12D\n" +
+	"\x1cexpected_loss_safety_seconds\x18\x0e \x01(\x01H\x05R\x19expectedLossSafetySeconds\x88\x01\x01\x12F\n" +
+	"\x11last_durable_save\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\x0flastDurableSaveB\x17\n" +
+	"\x15_regular_save_secondsB\x1c\n" +
+	"\x1a_expected_loss_now_secondsB\x1d\n" +
+	"\x1b_expected_loss_next_secondsB\x17\n" +
+	"\x15_miss_probability_nowB\x18\n" +
+	"\x16_miss_probability_nextB\x1f\n" +
+	"\x1d_expected_loss_safety_seconds\"\xf8\x05\n" +
 	"\x03Run\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12,\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x16.snapcoord.v1.RunStateR\x05state\x12)\n" +
@@ -999,7 +1176,11 @@ const file_snapcoord_v1_run_proto_rawDesc = "" +
 	"\x19TARGET_LEVEL_PROMPT_GROUP\x10\x01\x12\x18\n" +
 	"\x14TARGET_LEVEL_SIBLING\x10\x02\x12\x15\n" +
 	"\x11TARGET_LEVEL_TURN\x10\x03\x12\x17\n" +
-	"\x13TARGET_LEVEL_PREFIX\x10\x04*\x93\x01\n" +
+	"\x13TARGET_LEVEL_PREFIX\x10\x04*i\n" +
+	"\rReservePolicy\x12\x1e\n" +
+	"\x1aRESERVE_POLICY_UNSPECIFIED\x10\x00\x12\x16\n" +
+	"\x12RESERVE_POLICY_MAX\x10\x01\x12 \n" +
+	"\x1cRESERVE_POLICY_EXPECTED_LOSS\x10\x02*\x93\x01\n" +
 	"\x10DeadlineFireKind\x12\"\n" +
 	"\x1eDEADLINE_FIRE_KIND_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17DEADLINE_FIRE_KIND_STEP\x10\x01\x12\x1f\n" +
@@ -1019,44 +1200,47 @@ func file_snapcoord_v1_run_proto_rawDescGZIP() []byte {
 	return file_snapcoord_v1_run_proto_rawDescData
 }
 
-var file_snapcoord_v1_run_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_snapcoord_v1_run_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
 var file_snapcoord_v1_run_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
 var file_snapcoord_v1_run_proto_goTypes = []any{
 	(RunState)(0),                    // 0: snapcoord.v1.RunState
 	(TargetLevel)(0),                 // 1: snapcoord.v1.TargetLevel
-	(DeadlineFireKind)(0),            // 2: snapcoord.v1.DeadlineFireKind
-	(*RunSpec)(nil),                  // 3: snapcoord.v1.RunSpec
-	(*CheckpointingSpec)(nil),        // 4: snapcoord.v1.CheckpointingSpec
-	(*RolloutCheckpointingSpec)(nil), // 5: snapcoord.v1.RolloutCheckpointingSpec
-	(*RolloutRecoverySpec)(nil),      // 6: snapcoord.v1.RolloutRecoverySpec
-	(*ReserveSpec)(nil),              // 7: snapcoord.v1.ReserveSpec
-	(*Deadline)(nil),                 // 8: snapcoord.v1.Deadline
-	(*Run)(nil),                      // 9: snapcoord.v1.Run
-	(*timestamppb.Timestamp)(nil),    // 10: google.protobuf.Timestamp
+	(ReservePolicy)(0),               // 2: snapcoord.v1.ReservePolicy
+	(DeadlineFireKind)(0),            // 3: snapcoord.v1.DeadlineFireKind
+	(*RunSpec)(nil),                  // 4: snapcoord.v1.RunSpec
+	(*CheckpointingSpec)(nil),        // 5: snapcoord.v1.CheckpointingSpec
+	(*RolloutCheckpointingSpec)(nil), // 6: snapcoord.v1.RolloutCheckpointingSpec
+	(*RolloutRecoverySpec)(nil),      // 7: snapcoord.v1.RolloutRecoverySpec
+	(*ReserveSpec)(nil),              // 8: snapcoord.v1.ReserveSpec
+	(*Deadline)(nil),                 // 9: snapcoord.v1.Deadline
+	(*Run)(nil),                      // 10: snapcoord.v1.Run
+	(*timestamppb.Timestamp)(nil),    // 11: google.protobuf.Timestamp
 }
 var file_snapcoord_v1_run_proto_depIdxs = []int32{
-	10, // 0: snapcoord.v1.RunSpec.started_at:type_name -> google.protobuf.Timestamp
-	4,  // 1: snapcoord.v1.RunSpec.checkpointing:type_name -> snapcoord.v1.CheckpointingSpec
-	5,  // 2: snapcoord.v1.RunSpec.rollout_checkpointing:type_name -> snapcoord.v1.RolloutCheckpointingSpec
-	6,  // 3: snapcoord.v1.RunSpec.rollout_recovery:type_name -> snapcoord.v1.RolloutRecoverySpec
-	7,  // 4: snapcoord.v1.RunSpec.reserve:type_name -> snapcoord.v1.ReserveSpec
-	10, // 5: snapcoord.v1.CheckpointingSpec.must_save_by:type_name -> google.protobuf.Timestamp
+	11, // 0: snapcoord.v1.RunSpec.started_at:type_name -> google.protobuf.Timestamp
+	5,  // 1: snapcoord.v1.RunSpec.checkpointing:type_name -> snapcoord.v1.CheckpointingSpec
+	6,  // 2: snapcoord.v1.RunSpec.rollout_checkpointing:type_name -> snapcoord.v1.RolloutCheckpointingSpec
+	7,  // 3: snapcoord.v1.RunSpec.rollout_recovery:type_name -> snapcoord.v1.RolloutRecoverySpec
+	8,  // 4: snapcoord.v1.RunSpec.reserve:type_name -> snapcoord.v1.ReserveSpec
+	11, // 5: snapcoord.v1.CheckpointingSpec.must_save_by:type_name -> google.protobuf.Timestamp
 	1,  // 6: snapcoord.v1.RolloutRecoverySpec.target_level:type_name -> snapcoord.v1.TargetLevel
-	10, // 7: snapcoord.v1.Deadline.must_save_by:type_name -> google.protobuf.Timestamp
-	10, // 8: snapcoord.v1.Deadline.fires_at:type_name -> google.protobuf.Timestamp
-	0,  // 9: snapcoord.v1.Run.state:type_name -> snapcoord.v1.RunState
-	3,  // 10: snapcoord.v1.Run.spec:type_name -> snapcoord.v1.RunSpec
-	10, // 11: snapcoord.v1.Run.created_at:type_name -> google.protobuf.Timestamp
-	8,  // 12: snapcoord.v1.Run.deadline:type_name -> snapcoord.v1.Deadline
-	10, // 13: snapcoord.v1.Run.fired_at:type_name -> google.protobuf.Timestamp
-	2,  // 14: snapcoord.v1.Run.fire_kind:type_name -> snapcoord.v1.DeadlineFireKind
-	10, // 15: snapcoord.v1.Run.ended_at:type_name -> google.protobuf.Timestamp
-	10, // 16: snapcoord.v1.Run.deadline_missed_at:type_name -> google.protobuf.Timestamp
-	17, // [17:17] is the sub-list for method output_type
-	17, // [17:17] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	2,  // 7: snapcoord.v1.ReserveSpec.policy:type_name -> snapcoord.v1.ReservePolicy
+	11, // 8: snapcoord.v1.Deadline.must_save_by:type_name -> google.protobuf.Timestamp
+	11, // 9: snapcoord.v1.Deadline.fires_at:type_name -> google.protobuf.Timestamp
+	11, // 10: snapcoord.v1.Deadline.last_durable_save:type_name -> google.protobuf.Timestamp
+	0,  // 11: snapcoord.v1.Run.state:type_name -> snapcoord.v1.RunState
+	4,  // 12: snapcoord.v1.Run.spec:type_name -> snapcoord.v1.RunSpec
+	11, // 13: snapcoord.v1.Run.created_at:type_name -> google.protobuf.Timestamp
+	9,  // 14: snapcoord.v1.Run.deadline:type_name -> snapcoord.v1.Deadline
+	11, // 15: snapcoord.v1.Run.fired_at:type_name -> google.protobuf.Timestamp
+	3,  // 16: snapcoord.v1.Run.fire_kind:type_name -> snapcoord.v1.DeadlineFireKind
+	11, // 17: snapcoord.v1.Run.ended_at:type_name -> google.protobuf.Timestamp
+	11, // 18: snapcoord.v1.Run.deadline_missed_at:type_name -> google.protobuf.Timestamp
+	19, // [19:19] is the sub-list for method output_type
+	19, // [19:19] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_snapcoord_v1_run_proto_init() }
@@ -1072,7 +1256,7 @@ func file_snapcoord_v1_run_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_snapcoord_v1_run_proto_rawDesc), len(file_snapcoord_v1_run_proto_rawDesc)),
-			NumEnums:      3,
+			NumEnums:      4,
 			NumMessages:   7,
 			NumExtensions: 0,
 			NumServices:   0,

@@ -31,6 +31,7 @@ from snapcoord.errors import (
     SnapcoordError,
     SupersededError,
     UnavailableError,
+    UnknownActionError,
 )
 from snapcoord.trainer import Trainer
 from snapcoord.types import Action, Command, CommandKind, Decision, Inputs, Outcome, Phase, RunState
@@ -61,6 +62,7 @@ __all__ = [
     "SupersededError",
     "Trainer",
     "UnavailableError",
+    "UnknownActionError",
     "connect",
     "read_token_file",
 ]

@@ -81,6 +81,18 @@ class LimitError(SnapcoordError):
     """A coordinator limit was reached (RESOURCE_EXHAUSTED)."""
 
 
+class UnknownActionError(SnapcoordError):
+    """The coordinator answered a step with an action this client does not
+    know (a newer coordinator): upgrade the client. Raised rather than read
+    as CONTINUE, since the action may ask for a save. ``decision`` is the
+    raw ``snapcoord.v1.Decision``."""
+
+    def __init__(self, decision: object) -> None:
+        step, action = getattr(decision, "step", 0), getattr(decision, "action", 0)
+        super().__init__(f"step {step}: action {action} is unknown to this client; upgrade it")
+        self.decision = decision
+
+
 class RunEndedError(SnapcoordError):
     """The run ended without this worker seeing its Stop command.
 

@@ -24,6 +24,19 @@ coordinator and the run in the ``SNAPCOORD_*`` variables (``SNAPCOORD_ADDR``,
 rank in ``SNAPCOORD_RANK``, else ``RANK`` (torchrun), else ``SLURM_PROCID``,
 else 0; keyword arguments override them. NeMo RL drives training from a
 single controller process: create its run with ``trainer_world_size`` 1.
+
+Safety saves (a run with ``reserve.safety_saves``: save now, then keep
+training) need a third line. NeMo RL stops after any save that
+``check_save()`` asked for, so ``check_save()`` never returns True for one;
+``check_safety_save()`` does, once, and the loop saves as for its regular
+checkpoints::
+
+    should_save_by_timeout = timeout.check_save()
+    should_save_by_step = should_save_by_step or timeout.check_safety_save()   # new
+
+Create the checker with ``safety_saves=True`` to say the loop does this.
+Without it, a safety save raises ``SafetySaveNotHandled`` rather than let
+the run go on without the save the coordinator counts on.
 """
 
 from __future__ import annotations
@@ -62,6 +75,20 @@ class RunStopped(SnapcoordError):
         self.decision = decision
 
 
+class SafetySaveNotHandled(SnapcoordError):
+    """The coordinator asked for a safety save (the run has
+    ``reserve.safety_saves``), but the checker was created without
+    ``safety_saves=True``: the loop would neither save nor stop."""
+
+    def __init__(self, decision: Decision) -> None:
+        super().__init__(
+            f"the coordinator asks for a safety save at step {decision.step}, and this TimeoutChecker was created "
+            "without safety_saves=True: save when check_safety_save() says so and pass safety_saves=True, "
+            "or create the run without reserve.safety_saves"
+        )
+        self.decision = decision
+
+
 class TimeoutChecker:
     """NeMo RL's TimeoutChecker, answered by the coordinator.
 
@@ -74,7 +101,9 @@ class TimeoutChecker:
     ``check_save()`` returns True once, at the step the coordinator answers
     SAVE_AND_STOP; save the checkpoint and stop, as the loop already does.
     If the coordinator answers STOP it raises ``RunStopped``: the run is over
-    and a save would be wasted.
+    and a save would be wasted. With ``safety_saves=True``,
+    ``check_safety_save()`` returns True at a step the coordinator answers
+    SAVE_AND_CONTINUE: save, call ``checkpoint_saved()``, and keep training.
     """
 
     def __init__(
@@ -87,6 +116,7 @@ class TimeoutChecker:
         run_id: Optional[str] = None,
         start_step: int = 1,
         env: Optional[Mapping[str, str]] = None,
+        safety_saves: bool = False,
     ) -> None:
         env = os.environ if env is None else env
         self.last_save_time = float("inf") if timeout is None else convert_to_seconds(timeout)
@@ -101,6 +131,9 @@ class TimeoutChecker:
         #: The coordinator's latest decision.
         self.last_decision: Optional[Decision] = None
         self._checked_at: Optional[float] = None
+        #: The loop saves when check_safety_save() says so.
+        self.safety_saves = safety_saves
+        self._safety_step = 0  # the step whose safety save is due, until taken
         self._own_client = client is None
         self._client = client if client is not None else connect(env=env)
         self.trainer = Trainer(self._client, _rank(rank, env), run_id=run_id)
@@ -140,7 +173,12 @@ class TimeoutChecker:
         consuming the answer (NeMo RL's newer API)."""
         if self.last_saved or self.step < 1:
             return False
-        return self._decide(extra_s).action == Action.SAVE_AND_STOP
+        decision = self._decide(extra_s)
+        if decision.action == Action.SAVE_AND_CONTINUE:
+            if not self.safety_saves:
+                raise SafetySaveNotHandled(decision)
+            self._safety_step = decision.step
+        return decision.action == Action.SAVE_AND_STOP
 
     def check_save(self, extra_s: float = 0.0) -> bool:
         """True once: when the coordinator decides the marked step must save
@@ -156,6 +194,14 @@ class TimeoutChecker:
         self.last_saved = True
         self._checked_at = time.monotonic()
         return True
+
+    def check_safety_save(self) -> bool:
+        """True once: after check_save() at a step the coordinator answered
+        SAVE_AND_CONTINUE (a safety save). Save the checkpoint as a regular
+        one, call checkpoint_saved(), and keep training."""
+        due = self._safety_step != 0 and self._safety_step == self.step
+        self._safety_step = 0
+        return due
 
     def checkpoint_saved(self, save_seconds: Optional[float] = None) -> None:
         """Reports that this rank saved the checkpoint of the marked step.

@@ -13,6 +13,7 @@ from typing import Optional
 
 from google.protobuf import timestamp_pb2
 
+from snapcoord.errors import UnknownActionError
 from snapcoord.v1 import event_pb2, run_pb2, worker_pb2, worker_service_pb2
 
 
@@ -24,6 +25,9 @@ class Action(enum.IntEnum):
     SAVE_AND_STOP = event_pb2.STEP_ACTION_SAVE_AND_STOP
     #: Stop without saving: the deadline already fired, or the run is over.
     STOP = event_pb2.STEP_ACTION_STOP
+    #: A safety save: save the checkpoint of this step, report it, then keep
+    #: training (only in runs with ``reserve.safety_saves``).
+    SAVE_AND_CONTINUE = event_pb2.STEP_ACTION_SAVE_AND_CONTINUE
 
 
 class RunState(enum.IntEnum):
@@ -122,20 +126,26 @@ class Decision:
 
     @property
     def should_save(self) -> bool:
-        """Save the checkpoint of this step now, then stop."""
-        return self.action == Action.SAVE_AND_STOP
+        """Save the checkpoint of this step now (and report it), then stop
+        or, for a safety save (SAVE_AND_CONTINUE), keep training."""
+        return self.action in (Action.SAVE_AND_STOP, Action.SAVE_AND_CONTINUE)
 
     @property
     def should_stop(self) -> bool:
         """Stop training after this step (saving first if should_save)."""
-        return self.action != Action.CONTINUE
+        return self.action in (Action.SAVE_AND_STOP, Action.STOP)
 
     @classmethod
     def from_response(cls, resp: worker_service_pb2.CompleteStepResponse) -> "Decision":
         d = resp.decision if resp.HasField("decision") else event_pb2.Decision(step=resp.step, action=resp.action, explanation=resp.explanation)
+        try:
+            action = Action(d.action)
+        except ValueError:
+            # A newer coordinator's action: never guess it means CONTINUE.
+            raise UnknownActionError(d) from None
         return cls(
             step=d.step,
-            action=Action(d.action),
+            action=action,
             explanation=d.explanation,
             inputs=Inputs.from_proto(d.inputs) if d.HasField("inputs") else None,
             decided_at=_time(d.decided_at, d.HasField("decided_at")),

@@ -67,8 +67,27 @@ type RunRecord struct {
 	// The longest trainer-checkpoint save recorded; valid when
 	// checkpoint_measured.
 	MaxCheckpointSeconds float64 `protobuf:"fixed64,17,opt,name=max_checkpoint_seconds,json=maxCheckpointSeconds,proto3" json:"max_checkpoint_seconds,omitempty"`
-	unknownFields        protoimpl.UnknownFields
-	sizeCache            protoimpl.SizeCache
+	// The expected-loss policy's bounded histories (deadline.History), oldest
+	// first: the latest iterations (per step, the max over ranks), trainer
+	// checkpoints (per step, the slowest rank) and SAVED snapshot durations.
+	// Kept for every run, whatever its policy.
+	RecentIterationSeconds  []float64 `protobuf:"fixed64,18,rep,packed,name=recent_iteration_seconds,json=recentIterationSeconds,proto3" json:"recent_iteration_seconds,omitempty"`
+	RecentCheckpointSeconds []float64 `protobuf:"fixed64,19,rep,packed,name=recent_checkpoint_seconds,json=recentCheckpointSeconds,proto3" json:"recent_checkpoint_seconds,omitempty"`
+	RecentSnapshotSeconds   []float64 `protobuf:"fixed64,20,rep,packed,name=recent_snapshot_seconds,json=recentSnapshotSeconds,proto3" json:"recent_snapshot_seconds,omitempty"`
+	// The step whose iteration is the last of recent_iteration_seconds.
+	RecentIterationStep int64 `protobuf:"varint,21,opt,name=recent_iteration_step,json=recentIterationStep,proto3" json:"recent_iteration_step,omitempty"`
+	// The newest durable save (deadline.History.LastDurableSave): unset until
+	// there is one (the run's started_at stands for it), and the step of its
+	// checkpoint.
+	LastDurableSave *timestamppb.Timestamp `protobuf:"bytes,22,opt,name=last_durable_save,json=lastDurableSave,proto3" json:"last_durable_save,omitempty"`
+	LastDurableStep int64                  `protobuf:"varint,23,opt,name=last_durable_step,json=lastDurableStep,proto3" json:"last_durable_step,omitempty"`
+	// When the checkpoint of run.last_published_step was published.
+	LastPublishedAt *timestamppb.Timestamp `protobuf:"bytes,24,opt,name=last_published_at,json=lastPublishedAt,proto3" json:"last_published_at,omitempty"`
+	// The step of the safety save in flight (SAVE_AND_CONTINUE), until its
+	// checkpoint (and, at turn/prefix level, its snapshot) completes; 0: none.
+	SafetySaveStep int64 `protobuf:"varint,25,opt,name=safety_save_step,json=safetySaveStep,proto3" json:"safety_save_step,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *RunRecord) Reset() {
@@ -220,6 +239,62 @@ func (x *RunRecord) GetMaxCheckpointSeconds() float64 {
 	return 0
 }
 
+func (x *RunRecord) GetRecentIterationSeconds() []float64 {
+	if x != nil {
+		return x.RecentIterationSeconds
+	}
+	return nil
+}
+
+func (x *RunRecord) GetRecentCheckpointSeconds() []float64 {
+	if x != nil {
+		return x.RecentCheckpointSeconds
+	}
+	return nil
+}
+
+func (x *RunRecord) GetRecentSnapshotSeconds() []float64 {
+	if x != nil {
+		return x.RecentSnapshotSeconds
+	}
+	return nil
+}
+
+func (x *RunRecord) GetRecentIterationStep() int64 {
+	if x != nil {
+		return x.RecentIterationStep
+	}
+	return 0
+}
+
+func (x *RunRecord) GetLastDurableSave() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LastDurableSave
+	}
+	return nil
+}
+
+func (x *RunRecord) GetLastDurableStep() int64 {
+	if x != nil {
+		return x.LastDurableStep
+	}
+	return 0
+}
+
+func (x *RunRecord) GetLastPublishedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LastPublishedAt
+	}
+	return nil
+}
+
+func (x *RunRecord) GetSafetySaveStep() int64 {
+	if x != nil {
+		return x.SafetySaveStep
+	}
+	return 0
+}
+
 // StepRecord is one training step: its decision and its checkpoint.
 type StepRecord struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -324,7 +399,8 @@ var File_snapcoord_storage_v1_storage_proto protoreflect.FileDescriptor
 
 const file_snapcoord_storage_v1_storage_proto_rawDesc = "" +
 	"\n" +
-	"\"snapcoord/storage/v1/storage.proto\x12\x14snapcoord.storage.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18snapcoord/v1/event.proto\x1a\x16snapcoord/v1/run.proto\"\xc0\x06\n" +
+	"\"snapcoord/storage/v1/storage.proto\x12\x14snapcoord.storage.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18snapcoord/v1/event.proto\x1a\x16snapcoord/v1/run.proto\"\x88\n" +
+	"\n" +
 	"\tRunRecord\x12#\n" +
 	"\x03run\x18\x01 \x01(\v2\x11.snapcoord.v1.RunR\x03run\x12<\n" +
 	"\x0erequested_spec\x18\x02 \x01(\v2\x15.snapcoord.v1.RunSpecR\rrequestedSpec\x12\x1d\n" +
@@ -344,7 +420,15 @@ const file_snapcoord_storage_v1_storage_proto_rawDesc = "" +
 	"\x14deadline_snapshot_id\x18\x0e \x01(\tR\x12deadlineSnapshotId\x12+\n" +
 	"\x11publish_requested\x18\x0f \x01(\bR\x10publishRequested\x122\n" +
 	"\x15max_iteration_seconds\x18\x10 \x01(\x01R\x13maxIterationSeconds\x124\n" +
-	"\x16max_checkpoint_seconds\x18\x11 \x01(\x01R\x14maxCheckpointSeconds\"\x87\x02\n" +
+	"\x16max_checkpoint_seconds\x18\x11 \x01(\x01R\x14maxCheckpointSeconds\x128\n" +
+	"\x18recent_iteration_seconds\x18\x12 \x03(\x01R\x16recentIterationSeconds\x12:\n" +
+	"\x19recent_checkpoint_seconds\x18\x13 \x03(\x01R\x17recentCheckpointSeconds\x126\n" +
+	"\x17recent_snapshot_seconds\x18\x14 \x03(\x01R\x15recentSnapshotSeconds\x122\n" +
+	"\x15recent_iteration_step\x18\x15 \x01(\x03R\x13recentIterationStep\x12F\n" +
+	"\x11last_durable_save\x18\x16 \x01(\v2\x1a.google.protobuf.TimestampR\x0flastDurableSave\x12*\n" +
+	"\x11last_durable_step\x18\x17 \x01(\x03R\x0flastDurableStep\x12F\n" +
+	"\x11last_published_at\x18\x18 \x01(\v2\x1a.google.protobuf.TimestampR\x0flastPublishedAt\x12(\n" +
+	"\x10safety_save_step\x18\x19 \x01(\x03R\x0esafetySaveStep\"\x87\x02\n" +
 	"\n" +
 	"StepRecord\x12\x12\n" +
 	"\x04step\x18\x01 \x01(\x03R\x04step\x122\n" +
@@ -382,12 +466,14 @@ var file_snapcoord_storage_v1_storage_proto_depIdxs = []int32{
 	2, // 0: snapcoord.storage.v1.RunRecord.run:type_name -> snapcoord.v1.Run
 	3, // 1: snapcoord.storage.v1.RunRecord.requested_spec:type_name -> snapcoord.v1.RunSpec
 	4, // 2: snapcoord.storage.v1.RunRecord.next_interval_at:type_name -> google.protobuf.Timestamp
-	5, // 3: snapcoord.storage.v1.StepRecord.decision:type_name -> snapcoord.v1.Decision
-	4, // [4:4] is the sub-list for method output_type
-	4, // [4:4] is the sub-list for method input_type
-	4, // [4:4] is the sub-list for extension type_name
-	4, // [4:4] is the sub-list for extension extendee
-	0, // [0:4] is the sub-list for field type_name
+	4, // 3: snapcoord.storage.v1.RunRecord.last_durable_save:type_name -> google.protobuf.Timestamp
+	4, // 4: snapcoord.storage.v1.RunRecord.last_published_at:type_name -> google.protobuf.Timestamp
+	5, // 5: snapcoord.storage.v1.StepRecord.decision:type_name -> snapcoord.v1.Decision
+	6, // [6:6] is the sub-list for method output_type
+	6, // [6:6] is the sub-list for method input_type
+	6, // [6:6] is the sub-list for extension type_name
+	6, // [6:6] is the sub-list for extension extendee
+	0, // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_snapcoord_storage_v1_storage_proto_init() }

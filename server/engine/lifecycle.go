@@ -315,36 +315,6 @@ func (e *Engine) finishRun(ctx context.Context, req *v1.FinishRunRequest) (*v1.F
 	return &v1.FinishRunResponse{RunState: state}, nil
 }
 
-// setState moves the run to s and records it.
-func (m *mut) setState(s v1.RunState, why string) {
-	if m.r.state() == s {
-		return
-	}
-	m.r.rec.Run.State = s
-	m.event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_STATE_CHANGED, State: s,
-		Message: stateName(s) + ": " + why})
-}
-
-// terminate ends the run: final state, Stop to every worker, no more timers.
-// A snapshot still in flight is closed as SKIPPED: its late outcome must not
-// reach a run whose state is final (a last worker leaving would otherwise
-// complete it, and a TIMEOUT could fail a COMPLETED run).
-func (m *mut) terminate(s v1.RunState, reason string) {
-	m.savedLate(s)
-	if a := m.activeSnapshot(); a != nil {
-		m.closeSnapshot(a, v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SKIPPED,
-			fmt.Sprintf("not complete when the run ended (%s: %s)", stateName(s), reason))
-	}
-	m.setState(s, reason)
-	m.r.rec.Run.EndedAt = m.ts()
-	m.r.rec.ManualFirePending, m.r.rec.ManualFireReason = false, "" // a trigger waiting for a step that never comes
-	m.command(v1.WorkerRole_WORKER_ROLE_UNSPECIFIED, &v1.Command{Kind: &v1.Command_Stop{
-		Stop: &v1.StopCommand{Reason: stateName(s) + ": " + reason}}})
-	for k := range m.r.timers {
-		m.disarm(k)
-	}
-}
-
 // resume re-arms a loaded run's timers and gives its workers a grace period:
 // their leases, and the reports the bounds of a save wait for (afterGrace).
 func (e *Engine) resume(r *runState) {
@@ -365,14 +335,6 @@ func (e *Engine) resume(r *runState) {
 	}
 	m.flush()
 	r.mu.Unlock()
-}
-
-func stateName(s v1.RunState) string {
-	name := s.String()
-	if len(name) > len("RUN_STATE_") {
-		return name[len("RUN_STATE_"):]
-	}
-	return name
 }
 
 func describeDeadline(r *runState) string {

@@ -118,15 +118,6 @@ func (r *runState) state() v1.RunState { return r.rec.Run.State }
 
 func (r *runState) terminal() bool { return isTerminal(r.state()) }
 
-func isTerminal(s v1.RunState) bool {
-	switch s {
-	case v1.RunState_RUN_STATE_STOPPED, v1.RunState_RUN_STATE_COMPLETED,
-		v1.RunState_RUN_STATE_FAILED, v1.RunState_RUN_STATE_CANCELLED:
-		return true
-	}
-	return false
-}
-
 func (r *runState) fired() bool { return r.rec.Run.FiredAt != nil }
 
 // changed returns the channel closed when the next event becomes durable.

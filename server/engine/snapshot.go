@@ -470,26 +470,6 @@ func (m *mut) countFailures(s *v1.Snapshot) {
 	m.dirty()
 }
 
-// finishDeadline ends the deadline sequence from its snapshot's outcome.
-func (m *mut) finishDeadline(s *v1.Snapshot) {
-	switch s.Outcome {
-	case v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SAVED:
-		m.terminate(v1.RunState_RUN_STATE_STOPPED, fmt.Sprintf("deadline save complete: checkpoint of step %d and snapshot %s saved", s.AnchorStep, s.SnapshotId))
-	case v1.SnapshotOutcome_SNAPSHOT_OUTCOME_INVARIANT_FAILURE:
-		m.failRun("invariant failure in deadline snapshot " + s.SnapshotId + ": " + s.Message)
-	default:
-		m.event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_WARNING, SnapshotId: s.SnapshotId, Step: s.AnchorStep,
-			Message: fmt.Sprintf("deadline snapshot %s %s (%s); the trainer checkpoint of step %d is durable, so checkpoint state is consistent",
-				s.SnapshotId, outcomeName(s.Outcome), s.Message, s.AnchorStep)})
-		m.terminate(v1.RunState_RUN_STATE_STOPPED, fmt.Sprintf("deadline save ended with snapshot %s %s", s.SnapshotId, outcomeName(s.Outcome)))
-	}
-}
-
-func (m *mut) failRun(msg string) {
-	m.r.rec.Run.FailureMessage = msg
-	m.terminate(v1.RunState_RUN_STATE_FAILED, msg)
-}
-
 // armInterval arms the next interval snapshot. fresh restarts the period
 // (a new run); otherwise the stored due time stands (a restart).
 func (m *mut) armInterval(fresh bool) {

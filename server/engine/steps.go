@@ -5,7 +5,6 @@ import (
 	"fmt"
 
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
 	storagev1 "github.com/snapcoord/snapcoord/api/snapcoord/storage/v1"
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
@@ -59,10 +58,7 @@ func (m *mut) completeStep(ctx context.Context, step int64, iterSeconds float64)
 	if step > r.rec.Run.LastStep {
 		r.rec.Run.LastStep = step
 	}
-	if r.state() == v1.RunState_RUN_STATE_PENDING {
-		m.disarm(timerPreStep) // the first step overtook the pre-step deadline
-		m.setState(v1.RunState_RUN_STATE_RUNNING, fmt.Sprintf("step %d completed", step))
-	}
+	m.firstStep(step)
 	st.Decision = m.decide(step)
 	m.putStep(st)
 	m.trimSteps()
@@ -155,27 +151,6 @@ func firedWhere(r *runState) string {
 	return fmt.Sprintf("at step %d", r.rec.Run.FiredAtStep)
 }
 
-// fire records that the deadline fired. At a step the trainers now save; the
-// deadline snapshot follows their checkpoint (startDeadlineSave).
-func (m *mut) fire(kind v1.DeadlineFireKind, step int64, why string) {
-	r := m.r
-	r.rec.Run.FiredAt = m.ts()
-	r.rec.Run.FireKind = kind
-	r.rec.Run.FiredAtStep = step
-	r.rec.ManualFirePending = false
-	m.decidedLate(step, "the deadline fired "+firedWhere(r))
-	m.disarm(timerPreStep)
-	m.disarm(timerInterval)
-	m.event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_DEADLINE_FIRED, Step: step,
-		Message: "deadline fired " + firedWhere(r) + ": " + why})
-	runID := r.id
-	m.observe(func(ctx context.Context) { m.e.obs.DeadlineFired(ctx, runID, step, kind) })
-	if step > 0 {
-		m.setState(v1.RunState_RUN_STATE_SAVING, fmt.Sprintf("trainer ranks save the checkpoint of step %d", step))
-		m.armSaveTimeout()
-	}
-}
-
 // armPreStep arms the pre-step deadline: with snapshots enabled and no step
 // completed, the bootstrap state is saved at B - (C + R + M).
 func (m *mut) armPreStep() {
@@ -197,28 +172,4 @@ func (m *mut) armPreStep() {
 			fmt.Sprintf("no step completed by B - (C + R + M) = %s", at.UTC().Format("2006-01-02T15:04:05Z07:00")))
 		m.startDeadlineSave(0)
 	})
-}
-
-// startDeadlineSave runs once the fired step's checkpoint is published (or
-// at once before the first step): the forced deadline snapshot if snapshots
-// are enabled, else the run stops.
-func (m *mut) startDeadlineSave(anchor int64) {
-	r := m.r
-	if !snapshotsEnabled(r.rec.Run.Spec) {
-		if anchor == 0 {
-			m.terminate(v1.RunState_RUN_STATE_STOPPED, "deadline fired before the first step; nothing to save")
-			return
-		}
-		m.terminate(v1.RunState_RUN_STATE_STOPPED, fmt.Sprintf("deadline save complete: checkpoint of step %d published", anchor))
-		return
-	}
-	m.disarm(timerSave) // the trainers' part is done
-	m.setState(v1.RunState_RUN_STATE_SNAPSHOTTING, fmt.Sprintf("environment workers save the deadline snapshot (anchor step %d)", anchor))
-	mustFinish := m.now.Add(m.snapshotTimeout())
-	if b, ok := r.mustSaveBy(); ok && b.After(m.now) {
-		mustFinish = b
-	}
-	s := m.issueSnapshot(v1.SnapshotReason_SNAPSHOT_REASON_DEADLINE, anchor, true, timestamppb.New(mustFinish))
-	r.rec.DeadlineSnapshotId = s.SnapshotId
-	m.checkSnapshotDone(s)
 }

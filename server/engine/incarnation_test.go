@@ -350,8 +350,8 @@ func TestLeaseTimerFiringDuringReRegisterIsNotDuplicated(t *testing.T) {
 	<-fired
 	// Ahead of the callback on the lock: the worker leaves and registers again.
 	m := &mut{e: h.e, r: r, now: h.clk.Now()}
-	m.leave(r.workers[env], "deregistered")
-	if _, err := m.register(&v1.RegisterWorkerRequest{RunId: "r", Role: v1.WorkerRole_WORKER_ROLE_ENVIRONMENT, Name: "env-aa"}); err != nil {
+	m.workers().leave(r.workers[env], "deregistered")
+	if _, err := m.workers().register(&v1.RegisterWorkerRequest{RunId: "r", Role: v1.WorkerRole_WORKER_ROLE_ENVIRONMENT, Name: "env-aa"}); err != nil {
 		t.Fatal(err)
 	}
 	m.flush()

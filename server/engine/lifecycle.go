@@ -81,11 +81,11 @@ func (m *mut) start() {
 	if err == nil && !b.IsZero() {
 		m.r.rec.Run.Deadline.MustSaveBy = timestamppb.New(b)
 	}
-	m.event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_RUN_CREATED, State: m.r.state(),
+	m.log().event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_RUN_CREATED, State: m.r.state(),
 		Message: fmt.Sprintf("run created: %d trainer ranks, %s", m.r.rec.Run.Spec.TrainerWorldSize, describeDeadline(m.r))})
-	m.armPreStep()
-	m.armInterval(true)
-	m.armMissed()
+	m.steps().armPreStep()
+	m.snapshots().armInterval(true)
+	m.missed().armMissed()
 }
 
 // createAgain answers a CreateRun of a run that exists: the same spec is a
@@ -110,7 +110,7 @@ func (e *Engine) createAgain(ctx context.Context, r *runState, spec *v1.RunSpec)
 			e.setToken(r.rec.TokenHash, hash, r.id)
 			resp.RunToken, resp.TokenReissued, r.rec.TokenHash = token, true, hash
 			m.dirty()
-			m.event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_WARNING,
+			m.log().event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_WARNING,
 				Message: "run token reissued: CreateRun repeated with the same spec before any worker registered (its first answer may have been lost); the earlier token no longer works"})
 		}
 		resp.Run = r.view()
@@ -227,10 +227,10 @@ func (e *Engine) updateDeadline(ctx context.Context, req *v1.UpdateDeadlineReque
 		}
 		old := describeDeadline(r)
 		r.rec.Run.Deadline.MustSaveBy = timestamppb.New(b)
-		m.event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_DEADLINE_UPDATED,
+		m.log().event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_DEADLINE_UPDATED,
 			Message: fmt.Sprintf("deadline moved: %s -> %s", old, describeDeadline(r))})
-		m.armPreStep()
-		m.armMissed()
+		m.steps().armPreStep()
+		m.missed().armMissed()
 		return nil
 	})
 	if err != nil {
@@ -255,7 +255,7 @@ func (e *Engine) triggerDeadline(ctx context.Context, req *v1.TriggerDeadlineReq
 		} else if !r.rec.ManualFirePending {
 			r.rec.ManualFirePending = true
 			r.rec.ManualFireReason = reason
-			m.event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_WARNING,
+			m.log().event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_WARNING,
 				Message: "deadline triggered by hand (" + reason + "): the next completed step saves and stops"})
 		}
 		return nil
@@ -322,15 +322,15 @@ func (e *Engine) resume(r *runState) {
 	m := &mut{e: e, r: r, now: e.clk.Now()}
 	r.loadedAt, r.graceUntil = m.now, m.now.Add(e.opts.RestartGrace)
 	if !r.terminal() {
-		m.armPreStep()
-		m.armInterval(false)
-		m.armSnapshotTimeout()
-		m.armSaveTimeout()
-		m.armMissed()
+		m.steps().armPreStep()
+		m.snapshots().armInterval(false)
+		m.snapshots().armSnapshotTimeout()
+		m.steps().armSaveTimeout()
+		m.missed().armMissed()
 	}
 	for _, w := range r.workers {
 		if w.w.State == v1.WorkerState_WORKER_STATE_LIVE {
-			m.renewLease(w, e.opts.RestartGrace)
+			m.workers().renewLease(w, e.opts.RestartGrace)
 		}
 	}
 	m.flush()

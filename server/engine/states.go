@@ -195,7 +195,7 @@ func (m *mut) setState(s v1.RunState, why string) {
 		return
 	}
 	m.r.rec.Run.State = s
-	m.event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_STATE_CHANGED, State: s,
+	m.log().event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_STATE_CHANGED, State: s,
 		Message: stateName(s) + ": " + why})
 }
 
@@ -207,17 +207,17 @@ func (m *mut) terminate(s v1.RunState, reason string) {
 	if !m.allowed(s) {
 		return
 	}
-	m.savedLate(s)
-	if a := m.activeSnapshot(); a != nil {
-		m.closeSnapshot(a, v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SKIPPED,
+	m.missed().savedLate(s)
+	if a := m.snapshots().activeSnapshot(); a != nil {
+		m.snapshots().closeSnapshot(a, v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SKIPPED,
 			fmt.Sprintf("not complete when the run ended (%s: %s)", stateName(s), reason))
 	}
 	m.r.rec.Run.State = s
-	m.event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_STATE_CHANGED, State: s,
+	m.log().event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_STATE_CHANGED, State: s,
 		Message: stateName(s) + ": " + reason})
 	m.r.rec.Run.EndedAt = m.ts()
 	m.r.rec.ManualFirePending, m.r.rec.ManualFireReason = false, "" // a trigger waiting for a step that never comes
-	m.command(v1.WorkerRole_WORKER_ROLE_UNSPECIFIED, &v1.Command{Kind: &v1.Command_Stop{
+	m.log().command(v1.WorkerRole_WORKER_ROLE_UNSPECIFIED, &v1.Command{Kind: &v1.Command_Stop{
 		Stop: &v1.StopCommand{Reason: stateName(s) + ": " + reason}}})
 	for k := range m.r.timers {
 		m.disarm(k)
@@ -240,16 +240,16 @@ func (m *mut) fire(kind v1.DeadlineFireKind, step int64, why string) {
 	r.rec.Run.FireKind = kind
 	r.rec.Run.FiredAtStep = step
 	r.rec.ManualFirePending = false
-	m.decidedLate(step, "the deadline fired "+firedWhere(r))
+	m.missed().decidedLate(step, "the deadline fired "+firedWhere(r))
 	m.disarm(timerPreStep)
 	m.disarm(timerInterval)
-	m.event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_DEADLINE_FIRED, Step: step,
+	m.log().event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_DEADLINE_FIRED, Step: step,
 		Message: "deadline fired " + firedWhere(r) + ": " + why})
 	runID := r.id
 	m.observe(func(ctx context.Context) { m.e.obs.DeadlineFired(ctx, runID, step, kind) })
 	if step > 0 {
 		m.setState(saving, fmt.Sprintf("trainer ranks save the checkpoint of step %d", step))
-		m.armSaveTimeout()
+		m.steps().armSaveTimeout()
 	}
 }
 
@@ -268,13 +268,13 @@ func (m *mut) startDeadlineSave(anchor int64) {
 	}
 	m.disarm(timerSave) // the trainers' part is done
 	m.setState(snapshotting, fmt.Sprintf("environment workers save the deadline snapshot (anchor step %d)", anchor))
-	mustFinish := m.now.Add(m.snapshotTimeout())
+	mustFinish := m.now.Add(m.snapshots().snapshotTimeout())
 	if b, ok := r.mustSaveBy(); ok && b.After(m.now) {
 		mustFinish = b
 	}
-	s := m.issueSnapshot(v1.SnapshotReason_SNAPSHOT_REASON_DEADLINE, anchor, true, timestamppb.New(mustFinish))
+	s := m.snapshots().issueSnapshot(v1.SnapshotReason_SNAPSHOT_REASON_DEADLINE, anchor, true, timestamppb.New(mustFinish))
 	r.rec.DeadlineSnapshotId = s.SnapshotId
-	m.checkSnapshotDone(s)
+	m.snapshots().checkSnapshotDone(s)
 }
 
 // finishDeadline ends the deadline sequence from its snapshot's outcome.
@@ -285,7 +285,7 @@ func (m *mut) finishDeadline(s *v1.Snapshot) {
 	case v1.SnapshotOutcome_SNAPSHOT_OUTCOME_INVARIANT_FAILURE:
 		m.failRun("invariant failure in deadline snapshot " + s.SnapshotId + ": " + s.Message)
 	default:
-		m.event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_WARNING, SnapshotId: s.SnapshotId, Step: s.AnchorStep,
+		m.log().event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_WARNING, SnapshotId: s.SnapshotId, Step: s.AnchorStep,
 			Message: fmt.Sprintf("deadline snapshot %s %s (%s); the trainer checkpoint of step %d is durable, so checkpoint state is consistent",
 				s.SnapshotId, outcomeName(s.Outcome), s.Message, s.AnchorStep)})
 		m.terminate(stopped, fmt.Sprintf("deadline save ended with snapshot %s %s", s.SnapshotId, outcomeName(s.Outcome)))

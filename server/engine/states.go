@@ -189,11 +189,21 @@ func (m *mut) allowed(to v1.RunState) bool {
 	return false
 }
 
+// transitionTaken, when set (by the tests), hears of every change applied.
+var transitionTaken func(from, to v1.RunState)
+
+func (m *mut) taken(to v1.RunState) {
+	if transitionTaken != nil {
+		transitionTaken(m.r.state(), to)
+	}
+}
+
 // setState moves the live run to the live state s and records it.
 func (m *mut) setState(s v1.RunState, why string) {
 	if !m.allowed(s) {
 		return
 	}
+	m.taken(s)
 	m.r.rec.Run.State = s
 	m.log().event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_STATE_CHANGED, State: s,
 		Message: stateName(s) + ": " + why})
@@ -207,6 +217,7 @@ func (m *mut) terminate(s v1.RunState, reason string) {
 	if !m.allowed(s) {
 		return
 	}
+	m.taken(s)
 	m.missed().savedLate(s)
 	if a := m.snapshots().activeSnapshot(); a != nil {
 		m.snapshots().closeSnapshot(a, v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SKIPPED,

@@ -5,6 +5,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 )
@@ -87,5 +88,51 @@ func TestIllegalTransitionIsRefused(t *testing.T) {
 	}
 	if cmds := h.commands("r", w); len(cmds) != 0 {
 		t.Errorf("commands after a refused terminate: %v", cmds)
+	}
+}
+
+// An operator can cancel a run in the middle of its deadline save: it ends
+// CANCELLED with one Stop to every worker, the deadline snapshot in flight
+// closes as SKIPPED and takes no more reports, and no bound of the save
+// (B, the snapshot's must_finish_by) fails the run afterwards.
+func TestCancelDuringTheDeadlineSave(t *testing.T) {
+	h := newHarness(t)
+	for _, tc := range []struct {
+		run  string
+		want v1.RunState // when CancelRun comes
+	}{{"saving", saving}, {"snapshotting", snapshotting}} {
+		h.create(tc.run, turnSpec(1, "00:01:00:00"))
+		ranks, envs := h.trainers(tc.run, 1), h.envs(tc.run, 1)
+		h.stepAll(tc.run, ranks, 1, 10)
+		if _, err := h.e.TriggerDeadline(h.ctx, &v1.TriggerDeadlineRequest{RunId: tc.run}); err != nil {
+			t.Fatal(err)
+		}
+		if a := h.stepAll(tc.run, ranks, 2, 10); a != v1.StepAction_STEP_ACTION_SAVE_AND_STOP {
+			t.Fatalf("%s: step 2 after TriggerDeadline: %v", tc.run, a)
+		}
+		if tc.want == snapshotting {
+			h.checkpoint(tc.run, ranks, 2, v1.CheckpointPhase_CHECKPOINT_PHASE_SAVED, 1)
+		}
+		h.wantState(tc.run, tc.want)
+
+		resp, err := h.e.CancelRun(h.ctx, &v1.CancelRunRequest{RunId: tc.run, Reason: "node drained"})
+		if err != nil || resp.Run.State != cancelled {
+			t.Fatalf("%s: CancelRun: %v, %v", tc.run, resp, err)
+		}
+		h.wantStopLast(tc.run, ranks[0], envs[0])
+		if tc.want == snapshotting {
+			s := h.lastSnapshot(tc.run)
+			if s.Reason != v1.SnapshotReason_SNAPSHOT_REASON_DEADLINE || s.Outcome != v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SKIPPED {
+				t.Fatalf("%s: deadline snapshot %s %v, want SKIPPED", tc.run, s.Reason, s.Outcome)
+			}
+			err := h.report(tc.run, envs[0], s.SnapshotId, v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SAVED, 1)
+			wantErr(t, err, ErrFailedPrecondition, "CANCELLED")
+		}
+	}
+	h.clk.Advance(2 * time.Hour) // past B and every bound of the save
+	for _, run := range []string{"saving", "snapshotting"} {
+		if got := h.wantState(run, cancelled); got.FailureMessage != "node drained" {
+			t.Errorf("%s: failure_message %q, want the reason given", run, got.FailureMessage)
+		}
 	}
 }

@@ -17,20 +17,20 @@ package engine
 // The transitions (TestStateTableIsDocumented keeps this table and the code
 // the same):
 //
-//	| from                                   | to           | when                                                                                      | guard                                                                              |
-//	| -------------------------------------- | ------------ | ----------------------------------------------------------------------------------------- | ---------------------------------------------------------------------------------- |
-//	| PENDING                                | RUNNING      | a trainer rank completes the first step (CompleteStep)                                    | a step is recorded (last_step > 0)                                                 |
-//	| RUNNING                                | SAVING       | the deadline fires at a step: the rule answers SAVE_AND_STOP, or a TriggerDeadline waits  | fired at a step (fired_at set, fired_at_step > 0)                                  |
-//	| PENDING                                | SNAPSHOTTING | the deadline fires before the first step: the pre-step timer, or TriggerDeadline          | fired before the first step (fired_at_step = 0), rollout snapshots enabled         |
-//	| PENDING                                | STOPPED      | the deadline fires before the first step: TriggerDeadline                                 | fired before the first step (fired_at_step = 0), rollout snapshots disabled        |
-//	| SAVING                                 | SNAPSHOTTING | the fired step's checkpoint is published (all ranks SAVED; PUBLISHED if deferred)         | the checkpoint of fired_at_step is published, rollout snapshots enabled            |
-//	| SAVING                                 | STOPPED      | the fired step's checkpoint is published (all ranks SAVED; PUBLISHED if deferred)         | the checkpoint of fired_at_step is published, rollout snapshots disabled           |
-//	| SNAPSHOTTING                           | STOPPED      | the deadline snapshot completes: all live workers reported, or its timeout                | the deadline snapshot completed, not INVARIANT_FAILURE (the checkpoint is durable) |
-//	| SNAPSHOTTING                           | FAILED       | the deadline snapshot completes with INVARIANT_FAILURE                                    | failure_message set                                                                |
-//	| SAVING                                 | FAILED       | the save bound passes before the checkpoint is published, or a snapshot INVARIANT_FAILURE | failure_message set                                                                |
-//	| PENDING, RUNNING                       | FAILED       | a snapshot INVARIANT_FAILURE, or max_consecutive_failures failed snapshots in a row       | failure_message set                                                                |
-//	| PENDING, RUNNING                       | COMPLETED    | a trainer rank calls FinishRun                                                            | the deadline has not fired                                                         |
-//	| PENDING, RUNNING, SAVING, SNAPSHOTTING | CANCELLED    | an operator calls CancelRun                                                               | none                                                                               |
+//	| from                                   | to           | when                                                                                       | guard                                                                              |
+//	| -------------------------------------- | ------------ | ------------------------------------------------------------------------------------------ | ---------------------------------------------------------------------------------- |
+//	| PENDING                                | RUNNING      | a trainer rank completes the first step (CompleteStep)                                     | a step is recorded (last_step > 0)                                                 |
+//	| RUNNING                                | SAVING       | the deadline fires at a step: the rule answers SAVE_AND_STOP, or a pending TriggerDeadline | fired at a step (fired_at set, fired_at_step > 0)                                  |
+//	| PENDING                                | SNAPSHOTTING | the deadline fires before the first step: the pre-step timer, or TriggerDeadline           | fired before the first step (fired_at_step = 0), rollout snapshots enabled         |
+//	| PENDING                                | STOPPED      | the deadline fires before the first step: TriggerDeadline                                  | fired before the first step (fired_at_step = 0), rollout snapshots disabled        |
+//	| SAVING                                 | SNAPSHOTTING | the fired step's checkpoint is published (all ranks SAVED; PUBLISHED if deferred)          | the checkpoint of fired_at_step is published, rollout snapshots enabled            |
+//	| SAVING                                 | STOPPED      | the fired step's checkpoint is published (all ranks SAVED; PUBLISHED if deferred)          | the checkpoint of fired_at_step is published, rollout snapshots disabled           |
+//	| SNAPSHOTTING                           | STOPPED      | the deadline snapshot completes: all live workers reported, or its timeout                 | the deadline snapshot completed, not INVARIANT_FAILURE (the checkpoint is durable) |
+//	| SNAPSHOTTING                           | FAILED       | the deadline snapshot completes with INVARIANT_FAILURE                                     | failure_message set                                                                |
+//	| SAVING                                 | FAILED       | the save bound passes before the checkpoint is published, or a snapshot INVARIANT_FAILURE  | failure_message set                                                                |
+//	| PENDING, RUNNING                       | FAILED       | a snapshot INVARIANT_FAILURE, or max_consecutive_failures failed snapshots in a row        | failure_message set                                                                |
+//	| PENDING, RUNNING                       | COMPLETED    | a trainer rank calls FinishRun                                                             | the deadline has not fired                                                         |
+//	| PENDING, RUNNING, SAVING, SNAPSHOTTING | CANCELLED    | an operator calls CancelRun                                                                | none                                                                               |
 //
 // The save bound is B, or fired_at + snapshot_timeout_s when the deadline
 // was triggered by hand with B unset or past; after a restart, no bound on
@@ -40,6 +40,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -78,7 +79,7 @@ var transitions = []transition{
 		guard: "a step is recorded (last_step > 0)",
 		ok:    func(r *runState) bool { return r.rec.Run.LastStep > 0 }},
 	{from: states(running), to: saving,
-		when:  "the deadline fires at a step: the rule answers SAVE_AND_STOP, or a TriggerDeadline waits",
+		when:  "the deadline fires at a step: the rule answers SAVE_AND_STOP, or a pending TriggerDeadline",
 		guard: "fired at a step (fired_at set, fired_at_step > 0)",
 		ok:    func(r *runState) bool { return r.fired() && r.rec.Run.FiredAtStep > 0 }},
 	{from: states(pending), to: snapshotting,
@@ -140,14 +141,7 @@ func (r *runState) firedStepPublished() bool {
 	return r.rec.Run.FiredAtStep > 0 && r.steps[r.rec.Run.FiredAtStep].GetPublished()
 }
 
-func isTerminal(s v1.RunState) bool {
-	for _, t := range terminalStates {
-		if s == t {
-			return true
-		}
-	}
-	return false
-}
+func isTerminal(s v1.RunState) bool { return slices.Contains(terminalStates, s) }
 
 // errIllegalTransition marks a state change that no row of transitions
 // allows: an engine bug.
@@ -157,7 +151,7 @@ var errIllegalTransition = errors.New("illegal run state transition")
 func checkTransition(r *runState, to v1.RunState) error {
 	from := r.state()
 	for _, t := range transitions {
-		if t.to != to || !containsState(t.from, from) {
+		if t.to != to || !slices.Contains(t.from, from) {
 			continue
 		}
 		if t.ok(r) {
@@ -166,15 +160,6 @@ func checkTransition(r *runState, to v1.RunState) error {
 		return fmt.Errorf("%w: run %q %s -> %s: guard does not hold: %s", errIllegalTransition, r.id, stateName(from), stateName(to), t.guard)
 	}
 	return fmt.Errorf("%w: run %q %s -> %s: no such transition", errIllegalTransition, r.id, stateName(from), stateName(to))
-}
-
-func containsState(ss []v1.RunState, s v1.RunState) bool {
-	for _, x := range ss {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 // allowed checks the move to to against the table; an illegal one is

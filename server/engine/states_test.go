@@ -3,6 +3,7 @@ package engine
 import (
 	"errors"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -41,7 +42,7 @@ func TestStateTableShape(t *testing.T) {
 	for _, live := range []v1.RunState{pending, running, saving, snapshotting} {
 		ok := false
 		for _, tr := range transitions {
-			ok = ok || tr.to == cancelled && containsState(tr.from, live)
+			ok = ok || tr.to == cancelled && slices.Contains(tr.from, live)
 		}
 		if !ok {
 			t.Errorf("live state %s cannot be cancelled", stateName(live))

@@ -21,9 +21,9 @@ import (
 	"github.com/snapcoord/snapcoord/internal/testpki"
 )
 
-// coordinator is `snapcoord serve` run in-process on loopback ports, with
+// served is `snapcoord serve` run in-process on loopback ports, with
 // JSON logs at debug level captured for inspection.
-type coordinator struct {
+type served struct {
 	addr        string
 	metricsAddr string
 	logs        *logsink.Watcher
@@ -32,7 +32,7 @@ type coordinator struct {
 
 // startCoordinator runs serve with the test defaults plus args, and env as
 // its whole environment.
-func startCoordinator(t *testing.T, env map[string]string, args ...string) *coordinator {
+func startCoordinator(t *testing.T, env map[string]string, args ...string) *served {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	logs := logsink.NewWatcher()
@@ -40,7 +40,7 @@ func startCoordinator(t *testing.T, env map[string]string, args ...string) *coor
 		"--log-format", "json", "--log-level", "debug"}
 	done := make(chan int, 1)
 	go func() { done <- runServe(ctx, append(base, args...), envMap(env), logs, logs) }()
-	c := &coordinator{logs: logs}
+	c := &served{logs: logs}
 	select {
 	case c.addr = <-logs.Serving():
 	case code := <-done:

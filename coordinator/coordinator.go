@@ -142,7 +142,8 @@ func (c *Coordinator) Start() error {
 }
 
 // Run serves until ctx ends or serving fails, then shuts down within
-// DrainTimeout. It is `snapcoord serve`.
+// DrainTimeout; a drain cut short is logged, not an error. It is
+// `snapcoord serve`.
 func (c *Coordinator) Run(ctx context.Context) error {
 	if err := c.Start(); err != nil {
 		c.release()
@@ -158,7 +159,11 @@ func (c *Coordinator) Run(ctx context.Context) error {
 	// A fresh context: ctx is already done, and the drain gets its own bound.
 	drainCtx, cancel := context.WithTimeout(context.Background(), c.cfg.DrainTimeout)
 	defer cancel()
-	if err := errors.Join(serveErr, c.Shutdown(drainCtx)); err != nil {
+	drainErr, lateErr := c.shutdown(drainCtx)
+	if drainErr != nil {
+		c.log.Warn("drain timeout reached; remaining RPCs were cut off", "err", drainErr)
+	}
+	if err := errors.Join(serveErr, lateErr); err != nil {
 		return err
 	}
 	c.log.Info("stopped")
@@ -166,20 +171,21 @@ func (c *Coordinator) Run(ctx context.Context) error {
 }
 
 // Shutdown drains the gRPC server (long polls and streams end UNAVAILABLE;
-// calls still running when ctx ends are cut off), then stops the loops and
-// the metrics listener and closes the engine, the store and telemetry.
-// The error is Serve's, if it failed.
+// calls still running when ctx ends are cut off, and the error says so),
+// then stops the loops and the metrics listener and closes the engine, the
+// store and telemetry. A failure of Serve is returned too.
 func (c *Coordinator) Shutdown(ctx context.Context) error {
-	if err := c.srv.Shutdown(ctx); err != nil {
-		c.log.Warn("drain timeout reached; remaining RPCs were cut off", "err", err)
-	}
-	var serveErr error
+	return errors.Join(c.shutdown(ctx))
+}
+
+func (c *Coordinator) shutdown(ctx context.Context) (drainErr, serveErr error) {
+	drainErr = c.srv.Shutdown(ctx)
 	if c.served != nil {
 		serveErr = <-c.served
 		c.served = nil
 	}
 	c.release()
-	return serveErr
+	return drainErr, serveErr
 }
 
 // Addr is the gRPC address Start listens on.

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -22,10 +21,10 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+	"github.com/snapcoord/snapcoord/coordinator"
+	"github.com/snapcoord/snapcoord/coordinator/coordtest"
 	"github.com/snapcoord/snapcoord/internal/logsink"
-	"github.com/snapcoord/snapcoord/server/engine"
-	"github.com/snapcoord/snapcoord/server/grpcserver"
-	"github.com/snapcoord/snapcoord/store"
+	"github.com/snapcoord/snapcoord/server/clock"
 )
 
 // testTimeout bounds every test: a missed wake-up or a lost command shows as
@@ -40,79 +39,57 @@ func testContext(t *testing.T) context.Context {
 }
 
 // ---------------------------------------------------------------------------
-// In-process coordinator: the real store, engine and gRPC server, on a fixed
-// loopback port so that a restart is seen by clients as the same address.
+// In-process coordinator: the assembled coordinator (store, engine, the
+// production interceptor chain), on a loopback port kept across restarts so
+// that clients see the same address.
 
 type inproc struct {
 	t    *testing.T
-	dir  string
-	opts engine.Options
+	cfg  coordinator.Config
 	addr string
+	logs *logsink.Buffer
 
-	db     *store.DB
-	eng    *engine.Engine
-	srv    *grpcserver.Server
-	served chan error
-	logs   *logsink.Buffer
+	instance *coordtest.Instance // nil when stopped
 }
 
-// startInproc serves a fresh data directory. opts.Clock may be a fake clock:
-// it is kept across restarts.
-func startInproc(t *testing.T, opts engine.Options) *inproc {
+// startInproc serves a fresh data directory with tune's changes to the
+// test configuration. A fake clock (cfg.Test.Clock) is kept across restarts.
+func startInproc(t *testing.T, tune func(*coordinator.Config)) *inproc {
 	t.Helper()
-	c := &inproc{t: t, dir: t.TempDir(), opts: opts, addr: "127.0.0.1:0", logs: &logsink.Buffer{}}
+	c := &inproc{t: t, cfg: coordtest.Config(t.TempDir()), logs: &logsink.Buffer{}}
+	c.cfg.Logger = slog.New(slog.NewTextHandler(c.logs, nil))
+	if tune != nil {
+		tune(&c.cfg)
+	}
 	c.start()
 	t.Cleanup(c.stop)
 	return c
 }
 
+// hourlyHeartbeats runs the engine on clk with heartbeats an hour apart
+// (leases of three), for tests that move time by hand.
+func hourlyHeartbeats(clk clock.Clock) func(*coordinator.Config) {
+	return func(c *coordinator.Config) {
+		c.Test.Clock, c.HeartbeatInterval, c.LeaseTTL = clk, time.Hour, 3*time.Hour
+	}
+}
+
 func (c *inproc) start() {
 	c.t.Helper()
-	logger := slog.New(slog.NewTextHandler(c.logs, nil))
-	db, err := store.Open(filepath.Join(c.dir, "snapcoord.db"), store.Options{})
-	if err != nil {
-		c.t.Fatalf("store.Open: %v", err)
-	}
-	opts := c.opts
-	opts.Logger = logger
-	eng, err := engine.New(context.Background(), db, opts)
-	if err != nil {
-		_ = db.Close()
-		c.t.Fatalf("engine.New: %v", err)
-	}
-	srv, err := grpcserver.New(grpcserver.Config{}, eng, logger)
-	if err != nil {
-		c.t.Fatalf("grpcserver.New: %v", err)
-	}
-	lis, err := net.Listen("tcp", c.addr)
-	if err != nil {
-		c.t.Fatalf("listen %s: %v", c.addr, err)
-	}
-	c.addr = lis.Addr().String()
-	c.db, c.eng, c.srv, c.served = db, eng, srv, make(chan error, 1)
-	go func() { c.served <- srv.Serve(lis) }()
+	c.instance = coordtest.Serve(c.t, c.cfg)
+	c.addr = c.instance.Addr()
+	c.cfg.Listen = c.addr
 }
 
 // stop shuts the server down gracefully (streams and polls end UNAVAILABLE),
 // then the engine and the store. Safe to call when stopped; start again is
 // a coordinator restart on the same data file and address.
 func (c *inproc) stop() {
-	if c.srv == nil {
+	if c.instance == nil {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := c.srv.Shutdown(ctx); err != nil {
-		c.t.Errorf("Shutdown: %v", err)
-	}
-	if err := <-c.served; err != nil {
-		c.t.Errorf("Serve: %v", err)
-	}
-	c.eng.Close()
-	if err := c.db.Close(); err != nil {
-		c.t.Errorf("store Close: %v", err)
-	}
-	c.srv, c.eng, c.db = nil, nil, nil
+	c.instance.Stop()
+	c.instance = nil
 }
 
 // ---------------------------------------------------------------------------

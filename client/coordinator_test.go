@@ -19,6 +19,7 @@ import (
 	"github.com/snapcoord/snapcoord/client"
 	coord "github.com/snapcoord/snapcoord/coordinator"
 	"github.com/snapcoord/snapcoord/coordinator/coordtest"
+	"github.com/snapcoord/snapcoord/internal/spectest"
 )
 
 // The worker helper runs goroutines; after Close none may be left.
@@ -191,13 +192,7 @@ func (g *gate) set(f func(g *gate)) {
 
 // turnSpec: environment snapshots on, a deadline an hour away, so nothing
 // fires unless a test fires it.
-func turnSpec(worldSize int32) *v1.RunSpec {
-	return &v1.RunSpec{
-		TrainerWorldSize: worldSize,
-		Checkpointing:    &v1.CheckpointingSpec{CheckpointMustSaveBy: "00:01:00:00"},
-		RolloutRecovery:  &v1.RolloutRecoverySpec{TargetLevel: v1.TargetLevel_TARGET_LEVEL_TURN},
-	}
-}
+func turnSpec(worldSize int32) *v1.RunSpec { return spectest.Turn(worldSize, "00:01:00:00") }
 
 // createRun creates a run and returns a client holding its token.
 func (c *coordinator) createRun(id string, spec *v1.RunSpec) *client.Client {

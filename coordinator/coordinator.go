@@ -197,6 +197,9 @@ func (c *Coordinator) MetricsAddr() string { return c.metricsAddr }
 // Engine is the coordinator's engine, for tests that inspect its state.
 func (c *Coordinator) Engine() *engine.Engine { return c.eng }
 
+// Store is the coordinator's store, for tests that check what it holds.
+func (c *Coordinator) Store() *store.DB { return c.db }
+
 // Server is the gRPC server, for tests of its health reporting.
 func (c *Coordinator) Server() *grpcserver.Server { return c.srv }
 

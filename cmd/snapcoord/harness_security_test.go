@@ -18,6 +18,7 @@ import (
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 	"github.com/snapcoord/snapcoord/internal/logsink"
+	"github.com/snapcoord/snapcoord/internal/spectest"
 	"github.com/snapcoord/snapcoord/internal/testpki"
 )
 
@@ -88,12 +89,7 @@ func bearer(ctx context.Context, token string) context.Context {
 	return metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+token)
 }
 
-func runSpec(worldSize int32) *v1.RunSpec {
-	return &v1.RunSpec{
-		TrainerWorldSize: worldSize,
-		Checkpointing:    &v1.CheckpointingSpec{CheckpointMustSaveBy: "00:03:45:00"},
-	}
-}
+func runSpec(worldSize int32) *v1.RunSpec { return spectest.Checkpointed(worldSize, "00:03:45:00") }
 
 // scrapeMetrics reads the coordinator's /metrics.
 func scrapeMetrics(t *testing.T, addr string) map[string]*dto.MetricFamily {

@@ -3,12 +3,11 @@ package integration
 import (
 	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
-	"strings"
 	"testing"
 
 	"go.uber.org/goleak"
+
+	"github.com/snapcoord/snapcoord/internal/coordproc"
 )
 
 // binPath is the snapcoord binary TestMain builds once for the crash tests.
@@ -26,10 +25,8 @@ func testMain(m *testing.M) int {
 		return 1
 	}
 	defer os.RemoveAll(dir)
-	binPath = filepath.Join(dir, "snapcoord")
-	args := append(append([]string{"build"}, buildFlags...), "-o", binPath, "github.com/snapcoord/snapcoord/cmd/snapcoord")
-	if out, err := exec.Command("go", args...).CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "go %s: %v\n%s", strings.Join(args, " "), err, out)
+	if binPath, err = coordproc.Build(dir, buildFlags...); err != nil {
+		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
 	code := m.Run()

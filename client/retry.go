@@ -93,6 +93,10 @@ var retried = map[string]bool{
 	v1.RunService_CreateRun_FullMethodName: true,
 
 	// Deliberately absent:
+	//  - ReissueRunToken: a repeat would be safe (it cuts off only the
+	//    token in the lost reply), but a launcher runs it once per
+	//    allocation and can run it again; left out, the Go and Python
+	//    clients' lists stay the same without a change to both.
 	//  - TriggerDeadline: a retry after a lost reply may answer
 	//    FAILED_PRECONDITION ("already fired") for a call that worked.
 	//  - StreamCommands, WatchRun: streams resume from the last sequence

@@ -210,6 +210,10 @@ var runRPCs = []rpc{
 		func(e *fuzzEnv) func(context.Context, *v1.ListSnapshotsRequest, ...grpc.CallOption) (*v1.ListSnapshotsResponse, error) {
 			return e.runs.ListSnapshots
 		}),
+	unaryRPC("ReissueRunToken", func() *v1.ReissueRunTokenRequest { return &v1.ReissueRunTokenRequest{} },
+		func(e *fuzzEnv) func(context.Context, *v1.ReissueRunTokenRequest, ...grpc.CallOption) (*v1.ReissueRunTokenResponse, error) {
+			return e.runs.ReissueRunToken
+		}),
 }
 
 // fuzzEnv is one coordinator per fuzz target (and fuzzing process), kept
@@ -563,6 +567,8 @@ func fuzzSeeds() map[string][]seed {
 			{name: "snapshots", method: "ListSnapshots", anchor: aRun, req: &v1.ListSnapshotsRequest{}},
 			{name: "snapshots-page", method: "ListSnapshots", anchor: aRun, req: &v1.ListSnapshotsRequest{PageSize: 1, PageToken: "c25hcC0x"}},
 			{name: "snapshots-bad-token", method: "ListSnapshots", anchor: aRun, req: &v1.ListSnapshotsRequest{PageToken: "!!"}},
+			{name: "reissue-token", method: "ReissueRunToken", anchor: aRun, req: &v1.ReissueRunTokenRequest{Reason: "job 42 requeued"}},
+			{name: "reissue-token-unknown", method: "ReissueRunToken", req: &v1.ReissueRunTokenRequest{RunId: "nope"}},
 		},
 	}
 }

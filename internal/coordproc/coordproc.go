@@ -22,6 +22,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 )
@@ -51,6 +52,9 @@ type Config struct {
 	Env []string
 	// StartTimeout bounds the wait for SERVING; default 60 s.
 	StartTimeout time.Duration
+	// Creds are what the SERVING check connects with when the coordinator
+	// serves TLS (--tls-cert); nil is plaintext.
+	Creds credentials.TransportCredentials
 }
 
 // Proc is a running (or exited) coordinator.
@@ -83,8 +87,12 @@ func Start(ctx context.Context, cfg Config) (*Proc, error) {
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	p.cmd.Stdout, p.cmd.Stderr = log, log
 	// Prepared before the start so that it adds nothing to Ready.
+	creds := cfg.Creds
+	if creds == nil {
+		creds = insecure.NewCredentials()
+	}
 	conn, err := grpc.NewClient(cfg.Addr,
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithTransportCredentials(creds),
 		grpc.WithConnectParams(grpc.ConnectParams{
 			Backoff:           backoff.Config{BaseDelay: 2 * time.Millisecond, Multiplier: 1, MaxDelay: 2 * time.Millisecond},
 			MinConnectTimeout: time.Second,

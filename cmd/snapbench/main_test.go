@@ -5,10 +5,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"testing"
 	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/snapcoord/snapcoord/internal/coordproc"
 )
 
 var snapcoordBin string
@@ -24,13 +26,15 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	snapcoordBin = filepath.Join(dir, "snapcoord")
-	out, err := exec.Command("go", "build", "-o", snapcoordBin, "github.com/snapcoord/snapcoord/cmd/snapcoord").CombinedOutput()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "go build snapcoord: %v\n%s", err, out)
+	if snapcoordBin, err = coordproc.Build(dir); err != nil {
+		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
 	code := m.Run()
+	if err := goleak.Find(); code == 0 && err != nil {
+		fmt.Fprintf(os.Stderr, "goroutines leaked: %v\n", err)
+		code = 1
+	}
 	_ = os.RemoveAll(dir)
 	os.Exit(code)
 }

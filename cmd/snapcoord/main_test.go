@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
@@ -32,7 +33,14 @@ func testMain(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	return m.Run()
+	code := m.Run()
+	// serve runs in-process in most tests: once each has stopped, none of
+	// its goroutines may be left.
+	if err := goleak.Find(); code == 0 && err != nil {
+		fmt.Fprintf(os.Stderr, "goroutines leaked: %v\n", err)
+		code = 1
+	}
+	return code
 }
 
 // serverProc is a `snapcoord serve` process, logging JSON.

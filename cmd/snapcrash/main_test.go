@@ -4,11 +4,11 @@ import (
 	"bytes"
 	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"go.uber.org/goleak"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 	"github.com/snapcoord/snapcoord/client"
@@ -24,13 +24,15 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	snapcoordBin = filepath.Join(dir, "snapcoord")
-	out, err := exec.Command("go", "build", "-o", snapcoordBin, "github.com/snapcoord/snapcoord/cmd/snapcoord").CombinedOutput()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "go build snapcoord: %v\n%s", err, out)
+	if snapcoordBin, err = coordproc.Build(dir); err != nil {
+		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
 	code := m.Run()
+	if err := goleak.Find(); code == 0 && err != nil {
+		fmt.Fprintf(os.Stderr, "goroutines leaked: %v\n", err)
+		code = 1
+	}
 	_ = os.RemoveAll(dir)
 	os.Exit(code)
 }

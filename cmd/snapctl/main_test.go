@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/goleak"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
@@ -35,8 +36,11 @@ func TestMain(m *testing.M) {
 	code := 1
 	if err := buildBinaries(dir); err != nil {
 		fmt.Fprintln(os.Stderr, err)
-	} else {
-		code = m.Run()
+	} else if code = m.Run(); code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintf(os.Stderr, "goroutines leaked: %v\n", err)
+			code = 1
+		}
 	}
 	os.RemoveAll(dir)
 	os.Exit(code)

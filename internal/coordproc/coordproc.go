@@ -171,6 +171,15 @@ func (c Config) args() []string {
 func (p *Proc) awaitServing(ctx context.Context, conn *grpc.ClientConn) error {
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.StartTimeout)
 	defer cancel()
+	// A check waiting for the connection returns as soon as the process
+	// exits, not at the timeout.
+	go func() {
+		select {
+		case <-p.exited:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
 	health := healthpb.NewHealthClient(conn)
 	for {
 		resp, err := health.Check(ctx, &healthpb.HealthCheckRequest{}, grpc.WaitForReady(true))
@@ -178,11 +187,15 @@ func (p *Proc) awaitServing(ctx context.Context, conn *grpc.ClientConn) error {
 			return nil
 		}
 		select {
-		case <-p.exited:
-			return fmt.Errorf("%s exited before serving: %v", p.cfg.Bin, p.cmd.ProcessState)
 		case <-ctx.Done():
-			return fmt.Errorf("%s did not report SERVING within %s (last: %v, %v)", p.cfg.Bin, p.cfg.StartTimeout, resp.GetStatus(), err)
 		case <-time.After(time.Millisecond):
+			continue
+		}
+		select {
+		case <-p.exited: // the exit ended ctx
+			return fmt.Errorf("%s exited before serving: %v", p.cfg.Bin, p.cmd.ProcessState)
+		default:
+			return fmt.Errorf("%s did not report SERVING within %s (last: %v, %v)", p.cfg.Bin, p.cfg.StartTimeout, resp.GetStatus(), err)
 		}
 	}
 }

@@ -3,12 +3,9 @@ package main
 import (
 	"bytes"
 	"encoding/json"
-	"fmt"
 	"os"
 	"testing"
 	"time"
-
-	"go.uber.org/goleak"
 
 	"github.com/snapcoord/snapcoord/internal/coordproc"
 )
@@ -21,22 +18,7 @@ func TestMain(m *testing.M) {
 	if len(os.Args) > 1 && os.Args[1] == floorServerCmd {
 		os.Exit(runFloorServer(os.Args[2:]))
 	}
-	dir, err := os.MkdirTemp("", "snapbench-test-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	if snapcoordBin, err = coordproc.Build(dir); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	if err := goleak.Find(); code == 0 && err != nil {
-		fmt.Fprintf(os.Stderr, "goroutines leaked: %v\n", err)
-		code = 1
-	}
-	_ = os.RemoveAll(dir)
-	os.Exit(code)
+	os.Exit(coordproc.Main(m, &snapcoordBin))
 }
 
 // Every phase runs at toy sizes and yields its rows, as JSON too: the tool

@@ -1,13 +1,11 @@
 package main
 
 import (
-	"fmt"
 	"os"
 	"strings"
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
@@ -20,28 +18,9 @@ var (
 	buildFlags []string
 )
 
-func TestMain(m *testing.M) { os.Exit(testMain(m)) }
-
-func testMain(m *testing.M) int {
-	dir, err := os.MkdirTemp("", "snapcoord-bin-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	defer os.RemoveAll(dir)
-	if binPath, err = coordproc.Build(dir, buildFlags...); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	code := m.Run()
-	// serve runs in-process in most tests: once each has stopped, none of
-	// its goroutines may be left.
-	if err := goleak.Find(); code == 0 && err != nil {
-		fmt.Fprintf(os.Stderr, "goroutines leaked: %v\n", err)
-		code = 1
-	}
-	return code
-}
+// serve runs in-process in most tests: once each has stopped, none of its
+// goroutines may be left (coordproc.Main checks).
+func TestMain(m *testing.M) { os.Exit(coordproc.Main(m, &binPath, buildFlags...)) }
 
 // serverProc is a `snapcoord serve` process, logging JSON.
 type serverProc struct {

@@ -2,13 +2,10 @@ package main
 
 import (
 	"bytes"
-	"fmt"
 	"os"
 	"strings"
 	"testing"
 	"time"
-
-	"go.uber.org/goleak"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 	"github.com/snapcoord/snapcoord/client"
@@ -19,22 +16,7 @@ var snapcoordBin string
 
 // TestMain builds the coordinator the loop kills.
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "snapcrash-test-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	if snapcoordBin, err = coordproc.Build(dir); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	if err := goleak.Find(); code == 0 && err != nil {
-		fmt.Fprintf(os.Stderr, "goroutines leaked: %v\n", err)
-		code = 1
-	}
-	_ = os.RemoveAll(dir)
-	os.Exit(code)
+	os.Exit(coordproc.Main(m, &snapcoordBin))
 }
 
 func shortLoop(inject bool) config {

@@ -1,37 +1,17 @@
 package coordproc
 
 import (
-	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
-
-	"go.uber.org/goleak"
 )
 
 var bin string
 
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "coordproc-test-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	code := 1
-	if bin, err = Build(dir); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-	} else if code = m.Run(); code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintf(os.Stderr, "goroutines leaked: %v\n", err)
-			code = 1
-		}
-	}
-	_ = os.RemoveAll(dir)
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { os.Exit(Main(m, &bin)) }
 
 // A coordinator killed and restarted serves again on the same addresses
 // with the same data; SIGTERM then drains it and it exits 0.

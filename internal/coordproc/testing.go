@@ -3,10 +3,13 @@ package coordproc
 import (
 	"context"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"go.uber.org/goleak"
 )
 
 // Build compiles cmd/snapcoord into dir with the go build flags (-race
@@ -62,3 +65,29 @@ func (p *Proc) cleanupFor(t testing.TB) {
 
 // Race reports whether the log holds a race detector report.
 func (p *Proc) Race() bool { return strings.Contains(p.Log(), "WARNING: DATA RACE") }
+
+// Main is TestMain for a package whose tests run the binary: it builds it
+// (with the go build flags) into a temporary directory, sets *bin, runs the
+// tests, and fails them if goroutines outlive them. It returns the exit
+// code.
+func Main(m *testing.M, bin *string, flags ...string) int {
+	dir, err := os.MkdirTemp("", "snapcoord-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	if *bin, err = Build(dir, flags...); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	code := m.Run()
+	// A stream, poll or timer goroutine still running after every server
+	// and client was shut down is a delivery bug (or a test that forgot to
+	// stop a worker), as grpc-go's own tests hold.
+	if err := goleak.Find(); code == 0 && err != nil {
+		fmt.Fprintf(os.Stderr, "goroutines leaked: %v\n", err)
+		code = 1
+	}
+	return code
+}

@@ -140,22 +140,14 @@ func setupRunList(fs *flag.FlagSet, c *cli) func(context.Context, []string) erro
 			return err
 		}
 		return c.withClient(ctx, func(ctx context.Context, cl *client.Client) error {
-			all := &v1.ListRunsResponse{}
-			req := &v1.ListRunsRequest{State: filter}
-			for {
-				resp, err := cl.Runs.ListRuns(ctx, req)
-				if err != nil {
-					return fmt.Errorf("list runs: %w", err)
-				}
-				all.Runs = append(all.Runs, resp.GetRuns()...)
-				if req.PageToken = resp.GetNextPageToken(); req.PageToken == "" {
-					break
-				}
+			runs, err := cl.AllRuns(ctx, filter)
+			if err != nil {
+				return err
 			}
 			if c.output == "json" {
-				return c.printJSON(all, "  ")
+				return c.printJSON(&v1.ListRunsResponse{Runs: runs}, "  ")
 			}
-			return c.printRunTable(all.GetRuns())
+			return c.printRunTable(runs)
 		})
 	}
 }

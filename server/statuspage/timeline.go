@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+	"github.com/snapcoord/snapcoord/paging"
 )
 
 // Bounds on what one page draws, so a run of many days stays one quick
@@ -38,20 +39,19 @@ func loadTimeline(ctx context.Context, runs Runs, id string) (*timeline, error) 
 	if err := tl.loadEvents(ctx, runs); err != nil {
 		return nil, err
 	}
-	token := ""
-	for {
+	err = paging.Each(func(token string) ([]*v1.Snapshot, string, error) {
 		page, err := runs.ListSnapshots(ctx, &v1.ListSnapshotsRequest{RunId: id, PageToken: token})
-		if err != nil {
-			return nil, err
-		}
-		tl.snapshots = append(tl.snapshots, page.GetSnapshots()...)
+		return page.GetSnapshots(), page.GetNextPageToken(), err
+	}, func(snaps []*v1.Snapshot) {
+		tl.snapshots = append(tl.snapshots, snaps...)
 		if len(tl.snapshots) > maxSnapshots {
 			tl.snapshots = tl.snapshots[len(tl.snapshots)-maxSnapshots:]
 		}
-		if token = page.GetNextPageToken(); token == "" {
-			return tl, nil
-		}
+	})
+	if err != nil {
+		return nil, err
 	}
+	return tl, nil
 }
 
 // errCaughtUp ends the watch once the events GetRun counted are in.

@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"strconv"
-	"strings"
 	"time"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -14,6 +13,7 @@ import (
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 	"github.com/snapcoord/snapcoord/client"
 	"github.com/snapcoord/snapcoord/cmd/internal/durations"
+	"github.com/snapcoord/snapcoord/enumtext"
 )
 
 // withClient runs fn with a connection bounded by --timeout.
@@ -156,9 +156,8 @@ func parseRunState(s string) (v1.RunState, error) {
 	if s == "" {
 		return v1.RunState_RUN_STATE_UNSPECIFIED, nil
 	}
-	name := "RUN_STATE_" + strings.TrimPrefix(strings.ToUpper(s), "RUN_STATE_")
-	if v, ok := v1.RunState_value[name]; ok && v != 0 {
-		return v1.RunState(v), nil
+	if v, ok := enumtext.Parse[v1.RunState](s); ok {
+		return v, nil
 	}
 	return 0, inputErr("--state %q: want pending, running, saving, snapshotting, stopped, completed, failed or cancelled", s)
 }
@@ -171,7 +170,7 @@ func (c *cli) printRunTable(runs []*v1.Run) error {
 		if ts := r.GetDeadline().GetMustSaveBy(); ts != nil {
 			b = stamp(ts) + " (" + relative(ts.AsTime(), now) + ")"
 		}
-		rows = append(rows, []string{r.GetRunId(), enumWord(r.GetState(), "RUN_STATE_"),
+		rows = append(rows, []string{r.GetRunId(), enumtext.Name(r.GetState()),
 			strconv.FormatInt(r.GetLastStep(), 10), b, stamp(r.GetCreatedAt())})
 	}
 	return table(c.stdout, "RUN\tSTATE\tSTEP\tDEADLINE B\tCREATED", rows)
@@ -185,14 +184,14 @@ func (c *cli) printRun(r *v1.Run) error {
 	d := r.GetDeadline()
 	rows := [][]string{
 		{"run", r.GetRunId()},
-		{"state", enumWord(r.GetState(), "RUN_STATE_")},
+		{"state", enumtext.Name(r.GetState())},
 	}
 	if r.GetDeadlineMissed() {
 		rows = append(rows, []string{"DEADLINE MISSED", describeMissed(r)})
 	}
 	rows = append(rows, [][]string{
 		{"trainer ranks", strconv.Itoa(int(r.GetSpec().GetTrainerWorldSize()))},
-		{"recovery level", lowerWord(r.GetSpec().GetRolloutRecovery().GetTargetLevel(), "TARGET_LEVEL_")},
+		{"recovery level", enumtext.Lower(r.GetSpec().GetRolloutRecovery().GetTargetLevel())},
 		{"created", stamp(r.GetCreatedAt())},
 		{"started at", stamp(r.GetSpec().GetStartedAt())},
 		{"deadline", describeDeadline(r, now)},

@@ -12,6 +12,7 @@ import (
 
 	storagev1 "github.com/snapcoord/snapcoord/api/snapcoord/storage/v1"
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+	"github.com/snapcoord/snapcoord/enumtext"
 )
 
 const defaultPageSize = 100
@@ -352,13 +353,8 @@ func (e *Engine) resume(r *runState) {
 	r.mu.Unlock()
 }
 
-func stateName(s v1.RunState) string {
-	name := s.String()
-	if len(name) > len("RUN_STATE_") {
-		return name[len("RUN_STATE_"):]
-	}
-	return name
-}
+// stateName is how the engine's messages name a run state: RUNNING.
+func stateName(s v1.RunState) string { return enumtext.Name(s) }
 
 func describeDeadline(r *runState) string {
 	b, ok := r.mustSaveBy()

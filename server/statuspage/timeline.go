@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+	"github.com/snapcoord/snapcoord/enumtext"
 	"github.com/snapcoord/snapcoord/paging"
 )
 
@@ -289,10 +290,10 @@ func (tl *timeline) drawSnapshots(v *timelineView, s span, now time.Time) {
 		dur := "in flight"
 		if sn.GetCompletedAt() != nil {
 			to = sn.GetCompletedAt().AsTime()
-			outcome = strings.ToLower(strings.TrimPrefix(sn.GetOutcome().String(), "SNAPSHOT_OUTCOME_"))
+			outcome = enumtext.Lower(sn.GetOutcome())
 			dur = seconds(sn.GetDurationSeconds())
 		}
-		reason := strings.ToLower(strings.TrimPrefix(sn.GetReason().String(), "SNAPSHOT_REASON_"))
+		reason := enumtext.Lower(sn.GetReason())
 		x := s.x(from)
 		v.Snapshots = append(v.Snapshots, bar{X: x, Y: snapY, W: math.Max(2, s.x(to)-x), H: 22, TextY: snapY + 36,
 			Class: "snapshot " + outcome + " reason-" + reason,
@@ -308,9 +309,9 @@ func (tl *timeline) drawSnapshots(v *timelineView, s span, now time.Time) {
 	}
 	for _, sn := range tl.snapshots[max(0, len(tl.snapshots)-tableRows):] {
 		row := snapshotRow{ID: sn.GetSnapshotId(), Anchor: sn.GetAnchorStep(), Issued: sn.GetIssuedAt().AsTime().UTC().Format(timeLayout),
-			Reason: strings.ToLower(strings.TrimPrefix(sn.GetReason().String(), "SNAPSHOT_REASON_")), Outcome: "in flight", Duration: "-"}
+			Reason: enumtext.Lower(sn.GetReason()), Outcome: "in flight", Duration: "-"}
 		if sn.GetCompletedAt() != nil {
-			row.Outcome = strings.ToLower(strings.TrimPrefix(sn.GetOutcome().String(), "SNAPSHOT_OUTCOME_"))
+			row.Outcome = enumtext.Lower(sn.GetOutcome())
 			row.Duration = seconds(sn.GetDurationSeconds())
 		}
 		row.Class = strings.ReplaceAll(row.Outcome, " ", "-")
@@ -365,5 +366,5 @@ func ticks(s span) []label {
 }
 
 func actionName(a v1.StepAction) string {
-	return strings.ReplaceAll(strings.ToLower(strings.TrimPrefix(a.String(), "STEP_ACTION_")), "_", "-")
+	return strings.ReplaceAll(enumtext.Lower(a), "_", "-")
 }

@@ -9,11 +9,15 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+	"github.com/snapcoord/snapcoord/enumtext"
+	"github.com/snapcoord/snapcoord/runstate"
 )
 
-// pythonDir is the Python client, whose RETRIED_METHODS must be the Go
-// client's retried list: the two clients of one coordinator repeat the same
-// calls, both reading them from the API's (snapcoord.v1.rpc) options.
+// pythonDir is the Python client, which must read the API's facts as the
+// Go client does: the same retried calls (the (snapcoord.v1.rpc) options)
+// and the same terminal run states (the (snapcoord.v1.terminal) options).
 const pythonDir = "python"
 
 // TestPythonRetryListMatchesGo imports the Python client with the Python
@@ -22,7 +26,7 @@ const pythonDir = "python"
 // one of them lists: both are read from the same proto facts, by two
 // runtimes that could read them differently.
 func TestPythonRetryListMatchesGo(t *testing.T) {
-	py := pythonRetryList(t)
+	py := pythonList(t, "sorted(snapcoord.RETRIED_METHODS)")
 	var goList []string
 	for method, ok := range retried {
 		if ok {
@@ -39,17 +43,36 @@ func TestPythonRetryListMatchesGo(t *testing.T) {
 	}
 }
 
-// pythonRetryList returns the Python client's RETRIED_METHODS, sorted. It
-// skips the test where the Python client cannot be imported at all (no
+// TestPythonTerminalStatesMatchGo fails when the Python client's
+// RunState.terminal and runstate.Terminal disagree: both read the
+// (snapcoord.v1.terminal) option, and a client that took a terminal run for
+// a live one would poll it forever.
+func TestPythonTerminalStatesMatchGo(t *testing.T) {
+	py := pythonList(t, "[s.name for s in snapcoord.types.RunState if s.terminal]")
+	var goList []string
+	for n := range v1.RunState_name {
+		if s := v1.RunState(n); runstate.Terminal(s) {
+			goList = append(goList, enumtext.Name(s))
+		}
+	}
+	slices.Sort(py)
+	slices.Sort(goList)
+	if len(goList) == 0 || !slices.Equal(py, goList) {
+		t.Errorf("terminal run states: Go %v, Python %v; want the same, not empty", goList, py)
+	}
+}
+
+// pythonList returns the list of strings the Python expression expr makes
+// with the client imported as snapcoord. It skips the test where the Python client cannot be imported at all (no
 // Debian Python packages: its own tests cannot run there either); make test
 // checks for them first.
-func pythonRetryList(t *testing.T) []string {
+func pythonList(t *testing.T, expr string) []string {
 	t.Helper()
 	python := cmp.Or(os.Getenv("PYTHON"), "/usr/bin/python3")
 	if err := exec.Command(python, "-c", "import grpc, google.protobuf").Run(); err != nil {
 		t.Skipf("%s cannot import grpc and google.protobuf (%v): run scripts/deps-python.sh", python, err)
 	}
-	cmd := exec.Command(python, "-c", "import json, snapcoord; print(json.dumps(sorted(snapcoord.RETRIED_METHODS)))")
+	cmd := exec.Command(python, "-c", "import json, snapcoord, snapcoord.types; print(json.dumps("+expr+"))")
 	cmd.Dir = pythonDir
 	cmd.Env = append(os.Environ(), "PYTHONPATH=.", "PYTHONDONTWRITEBYTECODE=1")
 	out, err := cmd.Output()
@@ -58,7 +81,7 @@ func pythonRetryList(t *testing.T) []string {
 	}
 	var list []string
 	if err := json.Unmarshal(out, &list); err != nil {
-		t.Fatalf("the Python client's RETRIED_METHODS: %v in %q", err, out)
+		t.Fatalf("%s: %v in %q", expr, err, out)
 	}
 	return list
 }

@@ -13,6 +13,7 @@ import (
 
 	storagev1 "github.com/snapcoord/snapcoord/api/snapcoord/storage/v1"
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+	"github.com/snapcoord/snapcoord/runstate"
 	"github.com/snapcoord/snapcoord/server/clock"
 	"github.com/snapcoord/snapcoord/store"
 )
@@ -118,14 +119,8 @@ func (r *runState) state() v1.RunState { return r.rec.Run.State }
 
 func (r *runState) terminal() bool { return isTerminal(r.state()) }
 
-func isTerminal(s v1.RunState) bool {
-	switch s {
-	case v1.RunState_RUN_STATE_STOPPED, v1.RunState_RUN_STATE_COMPLETED,
-		v1.RunState_RUN_STATE_FAILED, v1.RunState_RUN_STATE_CANCELLED:
-		return true
-	}
-	return false
-}
+// isTerminal is runstate.Terminal: the API declares which states are.
+func isTerminal(s v1.RunState) bool { return runstate.Terminal(s) }
 
 func (r *runState) fired() bool { return r.rec.Run.FiredAt != nil }
 

@@ -167,6 +167,14 @@ var file_snapcoord_v1_options_proto_extTypes = []protoimpl.ExtensionInfo{
 		Tag:           "bytes,51600,opt,name=rpc",
 		Filename:      "snapcoord/v1/options.proto",
 	},
+	{
+		ExtendedType:  (*descriptorpb.EnumValueOptions)(nil),
+		ExtensionType: (*bool)(nil),
+		Field:         51601,
+		Name:          "snapcoord.v1.terminal",
+		Tag:           "varint,51601,opt,name=terminal",
+		Filename:      "snapcoord/v1/options.proto",
+	},
 }
 
 // Extension fields to descriptorpb.MethodOptions.
@@ -176,6 +184,17 @@ var (
 	//
 	// optional snapcoord.v1.RpcFacts rpc = 51600;
 	E_Rpc = &file_snapcoord_v1_options_proto_extTypes[0]
+)
+
+// Extension fields to descriptorpb.EnumValueOptions.
+var (
+	// On a RunState value: the run is over. A terminal run takes no new
+	// reports, answers every CompleteStep with STOP and never leaves its
+	// state. The server and both clients read the set of terminal states
+	// from here.
+	//
+	// optional bool terminal = 51601;
+	E_Terminal = &file_snapcoord_v1_options_proto_extTypes[1]
 )
 
 var File_snapcoord_v1_options_proto protoreflect.FileDescriptor
@@ -197,7 +216,8 @@ const file_snapcoord_v1_options_proto_rawDesc = "" +
 	"\x16CREDENTIAL_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10CREDENTIAL_ADMIN\x10\x01\x12\x18\n" +
 	"\x14CREDENTIAL_RUN_TOKEN\x10\x02:J\n" +
-	"\x03rpc\x12\x1e.google.protobuf.MethodOptions\x18\x90\x93\x03 \x01(\v2\x16.snapcoord.v1.RpcFactsR\x03rpcB\xae\x01\n" +
+	"\x03rpc\x12\x1e.google.protobuf.MethodOptions\x18\x90\x93\x03 \x01(\v2\x16.snapcoord.v1.RpcFactsR\x03rpc:?\n" +
+	"\bterminal\x12!.google.protobuf.EnumValueOptions\x18\x91\x93\x03 \x01(\bR\bterminalB\xae\x01\n" +
 	"\x10com.snapcoord.v1B\fOptionsProtoP\x01Z;github.com/snapcoord/snapcoord/api/snapcoord/v1;snapcoordv1\xa2\x02\x03SXX\xaa\x02\fSnapcoord.V1\xca\x02\fSnapcoord\\V1\xe2\x02\x18Snapcoord\\V1\\GPBMetadata\xea\x02\rSnapcoord::V1b\x06proto3"
 
 var (
@@ -215,18 +235,20 @@ func file_snapcoord_v1_options_proto_rawDescGZIP() []byte {
 var file_snapcoord_v1_options_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
 var file_snapcoord_v1_options_proto_msgTypes = make([]protoimpl.MessageInfo, 1)
 var file_snapcoord_v1_options_proto_goTypes = []any{
-	(Credential)(0),                    // 0: snapcoord.v1.Credential
-	(*RpcFacts)(nil),                   // 1: snapcoord.v1.RpcFacts
-	(*descriptorpb.MethodOptions)(nil), // 2: google.protobuf.MethodOptions
+	(Credential)(0),                       // 0: snapcoord.v1.Credential
+	(*RpcFacts)(nil),                      // 1: snapcoord.v1.RpcFacts
+	(*descriptorpb.MethodOptions)(nil),    // 2: google.protobuf.MethodOptions
+	(*descriptorpb.EnumValueOptions)(nil), // 3: google.protobuf.EnumValueOptions
 }
 var file_snapcoord_v1_options_proto_depIdxs = []int32{
 	0, // 0: snapcoord.v1.RpcFacts.credential:type_name -> snapcoord.v1.Credential
 	2, // 1: snapcoord.v1.rpc:extendee -> google.protobuf.MethodOptions
-	1, // 2: snapcoord.v1.rpc:type_name -> snapcoord.v1.RpcFacts
-	3, // [3:3] is the sub-list for method output_type
-	3, // [3:3] is the sub-list for method input_type
-	2, // [2:3] is the sub-list for extension type_name
-	1, // [1:2] is the sub-list for extension extendee
+	3, // 2: snapcoord.v1.terminal:extendee -> google.protobuf.EnumValueOptions
+	1, // 3: snapcoord.v1.rpc:type_name -> snapcoord.v1.RpcFacts
+	4, // [4:4] is the sub-list for method output_type
+	4, // [4:4] is the sub-list for method input_type
+	3, // [3:4] is the sub-list for extension type_name
+	1, // [1:3] is the sub-list for extension extendee
 	0, // [0:1] is the sub-list for field type_name
 }
 
@@ -242,7 +264,7 @@ func file_snapcoord_v1_options_proto_init() {
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_snapcoord_v1_options_proto_rawDesc), len(file_snapcoord_v1_options_proto_rawDesc)),
 			NumEnums:      1,
 			NumMessages:   1,
-			NumExtensions: 1,
+			NumExtensions: 2,
 			NumServices:   0,
 		},
 		GoTypes:           file_snapcoord_v1_options_proto_goTypes,

@@ -46,7 +46,7 @@ VULNDB_DIR     := .cache/vulndb/$(VULNDB_VERSION)
 BREAKING_BRANCH ?= main
 
 .PHONY: help build run test generate verify verify-generated verify-buf-lint \
-	verify-breaking verify-fmt verify-vet verify-tidy lint vuln e2e tools clean demo ui-check deploy-check
+	verify-breaking verify-fmt verify-vet verify-tidy lint vuln e2e tools clean demo ui-check deploy-check slurm-e2e
 
 help: ## List the targets.
 	@grep -E '^[a-z0-9-]+:.*## ' $(firstword $(MAKEFILE_LIST)) | \
@@ -159,6 +159,14 @@ vuln: $(VULNDB_DIR)/index/db.json ## govulncheck against the pinned local vulner
 
 e2e: build ## Start bin/snapcoord and run the README's grpcurl examples against it.
 	SNAPCOORD_BIN=bin/snapcoord scripts/e2e-grpcurl.sh
+
+# Root only: it installs Slurm and munge (and the Python client's Debian
+# packages) with apt-get if they are missing and starts the Slurm daemons on
+# this machine (scripts/slurm-setup.sh).
+slurm-e2e: build ## Single-node Slurm, then the sbatch recipe of docs/slurm.md on it, requeue and USR1 included (~3 min).
+	scripts/slurm-setup.sh
+	scripts/deps-python.sh
+	scripts/slurm-e2e.sh
 
 # ui-check: the status page in a real browser (Debian's chromium, installed
 # when missing). Screenshots and DOM dumps go to .cache/ui-check/.

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+	"github.com/snapcoord/snapcoord/client"
 	"github.com/snapcoord/snapcoord/cmd/internal/durations"
 )
 
@@ -50,8 +51,8 @@ func setupRunCreate(fs *flag.FlagSet, c *cli) func(context.Context, []string) er
 	fs.StringVar(&f.fromNemoRL, "from-nemo-rl", "", "read the spec from a NeMo RL YAML config `file` (flags given too win)")
 	fs.IntVar(&f.worldSize, "world-size", 0, "number of trainer ranks (required)")
 	durations.Var(fs, &f.budget, "budget", 0, budgetGrammar, "budget from --started-at: a `duration` (3h45m, Slurm's 1-12:00:00, DD:HH:MM:SS)")
-	fs.StringVar(&f.mustSaveBy, "must-save-by", "", "absolute deadline B: RFC 3339 `time`, \"slurm\" (SLURM_JOB_END_TIME) or \"slurm-10m\"")
-	fs.StringVar(&f.startedAt, "started-at", "", "when the budget clock starts: RFC 3339 `time` or \"slurm\" (SLURM_JOB_START_TIME); default now")
+	fs.StringVar(&f.mustSaveBy, "must-save-by", "", "absolute deadline B: RFC 3339 `time`, \"slurm\" (the job's end, from squeue) or \"slurm-10m\"")
+	fs.StringVar(&f.startedAt, "started-at", "", "when the budget clock starts: RFC 3339 `time` or \"slurm\" (the job's start, from squeue); default now")
 	fs.BoolVar(&f.deferredFinalize, "deferred-finalize", false, "checkpoints are published after they are saved (PublishCheckpoint)")
 	durations.Var(fs, &f.snapshotInterval, "snapshot-interval", 0, wholeSecondsGrammar, "also snapshot every this `duration` (300 or 5m)")
 	fs.BoolVar(&f.snapshotOnCheckpoint, "snapshot-on-trainer-checkpoint", true, "at turn/prefix level, snapshot after every published checkpoint")
@@ -112,14 +113,14 @@ func (c *cli) applyDeadlineFlags(f specFlags, spec *v1.RunSpec) error {
 		ck.CheckpointMustSaveBy, ck.MustSaveBy = durations.FormatDHMS(f.budget), nil
 	}
 	if c.setFlags["must-save-by"] {
-		b, err := c.parseTime("must-save-by", f.mustSaveBy, slurmEnd)
+		b, err := c.parseTime("must-save-by", f.mustSaveBy, slurmEnd, false)
 		if err != nil {
 			return err
 		}
 		ck.CheckpointMustSaveBy, ck.MustSaveBy = "", b
 	}
 	if c.setFlags["started-at"] {
-		t, err := c.parseTime("started-at", f.startedAt, slurmStart)
+		t, err := c.parseTime("started-at", f.startedAt, slurmStart, false)
 		if err != nil {
 			return err
 		}
@@ -226,14 +227,41 @@ func (c *cli) createRun(ctx context.Context, runID string, spec *v1.RunSpec) err
 	if resp.GetRunToken() == "" {
 		return withExit(exitConflict, fmt.Errorf("run %s already exists with this spec and its workers use its token, which is not shown again", runID))
 	}
-	if c.output == "json" {
-		return c.printJSON(resp, "  ")
-	}
-	fmt.Fprintf(c.stdout, "export SNAPCOORD_RUN_ID='%s'\nexport SNAPCOORD_RUN_TOKEN='%s'\n", runID, resp.GetRunToken())
 	what := "created run"
 	if resp.GetTokenReissued() {
 		what = "run already existed with this spec and no worker yet, so it has a new token (the earlier one no longer works):"
 	}
-	fmt.Fprintf(c.stderr, "snapctl: %s %s: %s; its token is in SNAPCOORD_RUN_TOKEN\n", what, runID, describeDeadline(resp.GetRun(), time.Now()))
+	return c.printRunToken(resp, runID, resp.GetRunToken(), what, resp.GetRun())
+}
+
+// printRunToken prints a run token once: resp with -o json, else shell
+// assignments on stdout, for eval, and what happened on stderr.
+func (c *cli) printRunToken(resp proto.Message, runID, token, what string, run *v1.Run) error {
+	if c.output == "json" {
+		return c.printJSON(resp, "  ")
+	}
+	fmt.Fprintf(c.stdout, "export SNAPCOORD_RUN_ID='%s'\nexport SNAPCOORD_RUN_TOKEN='%s'\n", runID, token)
+	fmt.Fprintf(c.stderr, "snapctl: %s %s: %s; its token is in SNAPCOORD_RUN_TOKEN\n", what, runID, describeDeadline(run, time.Now()))
 	return nil
+}
+
+// setupRunReissueToken is the launcher's way back into its run after a
+// requeue: the job keeps its id, so run create finds the run, and once
+// workers registered it shows no token.
+func setupRunReissueToken(fs *flag.FlagSet, c *cli) func(context.Context, []string) error {
+	c.outputs = []string{"env", "json"}
+	reason := fs.String("reason", "", "why, recorded in the run's events (e.g. \"job 42 requeued\")")
+	return func(ctx context.Context, args []string) error {
+		if err := wantArgs(args, "RUN_ID"); err != nil {
+			return err
+		}
+		runID := args[0]
+		return c.withClient(ctx, func(ctx context.Context, cl *client.Client) error {
+			resp, err := cl.Runs.ReissueRunToken(ctx, &v1.ReissueRunTokenRequest{RunId: runID, Reason: *reason})
+			if err != nil {
+				return fmt.Errorf("reissue the token of run %s: %w", runID, err)
+			}
+			return c.printRunToken(resp, runID, resp.GetRunToken(), "new token (the earlier one no longer works) for run", resp.GetRun())
+		})
+	}
 }

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -94,46 +96,158 @@ func TestRunCreateFromBadNemoRL(t *testing.T) {
 	s.wantExit(exitInvalid, "run", "create", "bad", "--from-nemo-rl", filepath.Join(t.TempDir(), "missing.yaml"), "--world-size", "1")
 }
 
+// fakeSlurm is a squeue and a scontrol on PATH that answer for job 42 as
+// Slurm 22.05 does: local time without a zone unless SLURM_TIME_FORMAT says
+// otherwise. The test moves the job's times by writing the files start and
+// end (epoch seconds); squeue-fails makes squeue fail, ignore-format makes
+// both ignore SLURM_TIME_FORMAT (local time only), and an end of "N/A" is a
+// job without one.
+type fakeSlurm struct {
+	t   *testing.T
+	dir string
+}
+
+const fakeSlurmScript = `#!/bin/sh
+fake=$(dirname "$0")
+fmt_time() { # epoch or N/A -> what Slurm prints
+	v=$(cat "$fake/$1")
+	if [ "$v" = N/A ] || { [ "$SLURM_TIME_FORMAT" = %s ] && [ ! -f "$fake/ignore-format" ]; }; then
+		echo "$v"
+	else
+		date -d "@$v" +%Y-%m-%dT%H:%M:%S
+	fi
+}
+case "$(basename "$0") $*" in
+"squeue -h -j 42 -o %S")
+	[ -f "$fake/squeue-fails" ] && { echo "squeue: error: slurm_load_jobs error: Socket timed out" >&2; exit 1; }
+	fmt_time start ;;
+"squeue -h -j 42 -o %e")
+	[ -f "$fake/squeue-fails" ] && { echo "squeue: error: slurm_load_jobs error: Socket timed out" >&2; exit 1; }
+	fmt_time end ;;
+"scontrol show job 42")
+	echo "JobId=42 JobName=grpo.sbatch"
+	echo "   RunTime=00:00:10 TimeLimit=04:00:00 TimeMin=N/A"
+	echo "   SubmitTime=$(fmt_time start) EligibleTime=$(fmt_time start)"
+	echo "   StartTime=$(fmt_time start) EndTime=$(fmt_time end) Deadline=N/A" ;;
+*)
+	echo "$(basename "$0"): unexpected arguments: $*" >&2; exit 2 ;;
+esac
+`
+
+func newFakeSlurm(t *testing.T, start, end time.Time) *fakeSlurm {
+	t.Helper()
+	f := &fakeSlurm{t: t, dir: t.TempDir()}
+	for _, name := range []string{"squeue", "scontrol"} {
+		if err := os.WriteFile(filepath.Join(f.dir, name), []byte(fakeSlurmScript), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.set("start", strconv.FormatInt(start.Unix(), 10))
+	f.set("end", strconv.FormatInt(end.Unix(), 10))
+	return f
+}
+
+func (f *fakeSlurm) set(name, content string) {
+	f.t.Helper()
+	if err := os.WriteFile(filepath.Join(f.dir, name), []byte(content+"\n"), 0o644); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+func (f *fakeSlurm) unset(name string) {
+	f.t.Helper()
+	if err := os.Remove(filepath.Join(f.dir, name)); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+// env is a job step's environment: SLURM_JOB_ID and the fakes first on
+// PATH. Like Slurm 22.05, it sets no SLURM_JOB_START_TIME/END_TIME.
+func (f *fakeSlurm) env(extra ...string) []string {
+	return append([]string{"SLURM_JOB_ID=42", "PATH=" + f.dir + string(os.PathListSeparator) + os.Getenv("PATH")}, extra...)
+}
+
+func (s *server) getRun(runID string) *v1.Run {
+	s.t.Helper()
+	var run v1.Run
+	s.getJSON(&run, "run", "get", runID)
+	return &run
+}
+
 func TestSlurmTimes(t *testing.T) {
 	s := startServer(t)
 	start := time.Now().Add(-10 * time.Minute).Truncate(time.Second)
 	end := start.Add(4 * time.Hour)
-	slurm := []string{fmt.Sprintf("SLURM_JOB_START_TIME=%d", start.Unix()), fmt.Sprintf("SLURM_JOB_END_TIME=%d", end.Unix())}
+	slurm := newFakeSlurm(t, start, end)
 	create := func(runID string, flags ...string) *v1.Run {
 		t.Helper()
 		args := append([]string{"run", "create", runID, "--world-size", "1"}, flags...)
-		if r := s.snapctlEnv(slurm, args...); r.code != 0 {
+		if r := s.snapctlEnv(slurm.env(), args...); r.code != 0 {
 			t.Fatalf("snapctl %v: exit %d: %s", args, r.code, r.stderr)
 		}
-		var run v1.Run
-		s.getJSON(&run, "run", "get", runID)
-		return &run
+		return s.getRun(runID)
 	}
 
 	run := create("budget", "--started-at", "slurm", "--budget", "00:03:45:00")
 	if got := run.GetSpec().GetStartedAt().AsTime(); !got.Equal(start) {
-		t.Errorf("--started-at slurm: started_at %v, want SLURM_JOB_START_TIME %v", got, start)
+		t.Errorf("--started-at slurm: started_at %v, want the job's start %v", got, start)
 	}
 	if got := run.GetDeadline().GetMustSaveBy().AsTime(); !got.Equal(start.Add(3*time.Hour + 45*time.Minute)) {
 		t.Errorf("B = %v, want start + 3h45m", got)
 	}
 	run = create("end", "--must-save-by", "slurm")
 	if got := run.GetDeadline().GetMustSaveBy().AsTime(); !got.Equal(end) {
-		t.Errorf("--must-save-by slurm: B = %v, want SLURM_JOB_END_TIME %v", got, end)
+		t.Errorf("--must-save-by slurm: B = %v, want the job's end %v", got, end)
 	}
 	run = create("end-10m", "--must-save-by", "slurm-10m")
 	if got := run.GetDeadline().GetMustSaveBy().AsTime(); !got.Equal(end.Add(-10 * time.Minute)) {
 		t.Errorf("--must-save-by slurm-10m: B = %v, want %v", got, end.Add(-10*time.Minute))
 	}
 
-	// The scheduler extended the job: extend reads the new end.
-	later := fmt.Sprintf("SLURM_JOB_END_TIME=%d", end.Add(time.Hour).Unix())
-	if r := s.snapctlEnv([]string{later}, "run", "extend", "end", "--must-save-by", "slurm"); r.code != 0 {
-		t.Fatalf("run extend --must-save-by slurm: exit %d: %s", r.code, r.stderr)
+	// scontrol update extended the job: extend reads the new end. The
+	// environment did not change (it cannot, in a running job).
+	extend := func(end time.Time) {
+		t.Helper()
+		slurm.set("end", strconv.FormatInt(end.Unix(), 10))
+		if r := s.snapctlEnv(slurm.env(), "run", "extend", "end", "--must-save-by", "slurm"); r.code != 0 {
+			t.Fatalf("run extend --must-save-by slurm: exit %d: %s", r.code, r.stderr)
+		}
+		if got := s.getRun("end").GetDeadline().GetMustSaveBy().AsTime(); !got.Equal(end) {
+			t.Errorf("after extend: B = %v, want the job's new end %v", got, end)
+		}
 	}
-	s.getJSON(run, "run", "get", "end")
-	if got := run.GetDeadline().GetMustSaveBy().AsTime(); !got.Equal(end.Add(time.Hour)) {
-		t.Errorf("after extend: B = %v, want %v", got, end.Add(time.Hour))
+	extend(end.Add(time.Hour))
+	// squeue down: scontrol show job.
+	slurm.set("squeue-fails", "")
+	extend(end.Add(2 * time.Hour))
+	// A Slurm that prints local time whatever SLURM_TIME_FORMAT says: read
+	// in the process's zone (Europe/Paris here), not as UTC.
+	slurm.set("ignore-format", "")
+	extend(end.Add(3 * time.Hour))
+	slurm.unset("squeue-fails")
+	extend(end.Add(4 * time.Hour))
+	slurm.unset("ignore-format")
+
+	// A job without an end time: invalid input, naming what Slurm said.
+	slurm.set("end", "N/A")
+	r := s.snapctlEnv(slurm.env(), "run", "extend", "end", "--must-save-by", "slurm")
+	if r.code != exitInvalid || !strings.Contains(r.stderr, `"N/A" is not a time`) {
+		t.Errorf("end N/A: exit %d, want %d with the value (%s)", r.code, exitInvalid, r.stderr)
+	}
+
+	// Without squeue or scontrol: SLURM_JOB_*_TIME (set at launch by newer
+	// Slurm versions) for run create, but never for run extend, which
+	// must see an extension.
+	launch := []string{fmt.Sprintf("SLURM_JOB_START_TIME=%d", start.Unix()), fmt.Sprintf("SLURM_JOB_END_TIME=%d", end.Unix())}
+	if r := s.snapctlEnv(launch, "run", "create", "vars", "--world-size", "1", "--must-save-by", "slurm"); r.code != 0 {
+		t.Fatalf("create from SLURM_JOB_END_TIME: exit %d: %s", r.code, r.stderr)
+	}
+	if got := s.getRun("vars").GetDeadline().GetMustSaveBy().AsTime(); !got.Equal(end) {
+		t.Errorf("from SLURM_JOB_END_TIME: B = %v, want %v", got, end)
+	}
+	r = s.snapctlEnv(append(launch, "SLURM_JOB_ID=42", "PATH=/nonexistent"), "run", "extend", "vars", "--must-save-by", "slurm")
+	if r.code != exitInvalid || !strings.Contains(r.stderr, "does not follow scontrol update") {
+		t.Errorf("extend without squeue: exit %d, want %d saying why the variable is not used (%s)", r.code, exitInvalid, r.stderr)
 	}
 
 	// Outside Slurm, or with garbage in the variable: invalid input.
@@ -158,6 +272,55 @@ func TestRunCreateIntFlagsOutOfRange(t *testing.T) {
 		}
 	}
 	s.wantExit(exitNotFound, "run", "get", "r1") // nothing was created
+}
+
+// A requeued Slurm job keeps its SLURM_JOB_ID: run create finds the run its
+// first allocation made, whose workers registered, and prints no token.
+// run reissue-token gives the new allocation one, and the earlier one stops
+// working.
+func TestReissueTokenAfterRequeue(t *testing.T) {
+	s := startServer(t)
+	spec := []string{"--world-size", "1", "--budget", "00:01:00:00", "--target-level", "turn"}
+	tok := s.createRun("grpo-42", spec...)
+	first := s.sidecar("grpo-42", tok, "--on-snapshot", "true")
+	// The node died: no deregistration.
+	if err := first.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	<-first.done
+
+	s.wantExit(exitConflict, append([]string{"run", "create", "grpo-42"}, spec...)...)
+	r := s.snapctl("run", "reissue-token", "grpo-42", "--reason", "job 42 requeued, restart 1")
+	m := regexp.MustCompile(`(?m)^export SNAPCOORD_RUN_TOKEN='([^']+)'$`).FindStringSubmatch(r.stdout)
+	if r.code != 0 || m == nil || m[1] == tok || !strings.Contains(r.stdout, "export SNAPCOORD_RUN_ID='grpo-42'\n") {
+		t.Fatalf("run reissue-token: exit %d, stdout %q, want a new token to eval (stderr %s)", r.code, r.stdout, r.stderr)
+	}
+	if !strings.Contains(r.stderr, "no longer works") {
+		t.Errorf("stderr %q does not say the earlier token stopped working", r.stderr)
+	}
+	// The earlier token is refused; the new one registers the same worker.
+	if r := s.snapctlEnv([]string{"SNAPCOORD_RUN_ID=grpo-42", "SNAPCOORD_RUN_TOKEN=" + tok}, "sidecar", "--name", "env-0", "--on-snapshot", "true"); r.code != exitAuth {
+		t.Errorf("sidecar with the earlier token: exit %d, want %d (%s)", r.code, exitAuth, r.stderr)
+	}
+	s.sidecar("grpo-42", m[1], "--on-snapshot", "true")
+	var workers v1.ListWorkersResponse
+	s.getJSON(&workers, "workers", "grpo-42")
+	if w := workers.GetWorkers(); len(w) != 1 || w[0].GetName() != "env-0" || w[0].GetIncarnation() != 2 {
+		t.Errorf("workers %v, want env-0 alone, incarnation 2", w)
+	}
+	if out := s.ok("events", "grpo-42"); !strings.Contains(out, "run token reissued: job 42 requeued, restart 1") {
+		t.Errorf("events do not record the reissued token:\n%s", out)
+	}
+	var resp v1.ReissueRunTokenResponse
+	s.getJSON(&resp, "run", "reissue-token", "grpo-42")
+	if resp.GetRunToken() == "" || resp.GetRunToken() == m[1] || resp.GetRun().GetRunId() != "grpo-42" {
+		t.Errorf("-o json: %v, want the run and a new token", &resp)
+	}
+
+	// Not for a run that is over, nor for a run that does not exist.
+	s.ok("run", "cancel", "grpo-42")
+	s.wantExit(exitConflict, "run", "reissue-token", "grpo-42")
+	s.wantExit(exitNotFound, "run", "reissue-token", "grpo-43")
 }
 
 // Every duration flag reads one grammar: Go durations, Slurm's times,

@@ -39,6 +39,7 @@ var commands = []command{
 	{"run extend", "RUN_ID", "move the deadline B (--budget, --must-save-by or --add)", setupRunExtend},
 	{"run trigger", "RUN_ID", "fire the deadline now", setupRunTrigger},
 	{"run cancel", "RUN_ID", "cancel a run; every worker is told to stop", setupRunCancel},
+	{"run reissue-token", "RUN_ID", "give a live run a new token (a requeued job); print it once, for eval", setupRunReissueToken},
 	{"workers", "RUN_ID", "list a run's trainer ranks and environment workers", setupWorkers},
 	{"snapshots", "RUN_ID", "list a run's environment snapshots", setupSnapshots},
 	{"events", "RUN_ID", "print a run's events (--follow to keep following)", setupEvents},
@@ -50,8 +51,8 @@ const usageHead = `usage: snapctl [connection flags] <command> [flags] [argument
 commands:
 `
 
-const usageTail = `  version       print the version and commit (also --version)
-  help          print this help (also --help)
+const usageTail = `  version           print the version and commit (also --version)
+  help              print this help (also --help)
 
 Flags may come before or after the arguments. Every command takes the
 connection flags (and their environment variables):
@@ -98,7 +99,7 @@ Run 'snapctl <command> --help' for a command's flags.
 func printUsage(w io.Writer) {
 	fmt.Fprint(w, usageHead)
 	for _, c := range commands {
-		fmt.Fprintf(w, "  %-13s %s\n", c.name, c.summary)
+		fmt.Fprintf(w, "  %-17s %s\n", c.name, c.summary)
 	}
 	fmt.Fprint(w, usageTail)
 }

@@ -79,7 +79,7 @@ func setupRunCancel(fs *flag.FlagSet, c *cli) func(context.Context, []string) er
 func setupRunExtend(fs *flag.FlagSet, c *cli) func(context.Context, []string) error {
 	var budget, add time.Duration
 	durations.Var(fs, &budget, "budget", 0, budgetGrammar, "new budget from the run's started_at: a `duration` (3h45m, Slurm's 1-12:00:00, DD:HH:MM:SS)")
-	mustSaveBy := fs.String("must-save-by", "", "new B: RFC 3339 `time`, \"slurm\" (SLURM_JOB_END_TIME, after the job was extended) or \"slurm-10m\"")
+	mustSaveBy := fs.String("must-save-by", "", "new B: RFC 3339 `time`, \"slurm\" (the job's current end, from squeue: after scontrol update) or \"slurm-10m\"")
 	durations.Var(fs, &add, "add", 0, durations.Options{Negative: true}, "move B by this `duration` (30m, 1-00:00:00; negative moves it earlier)")
 	return oneRun(c, func(ctx context.Context, cl *client.Client, runID string) (*v1.Run, error) {
 		req := &v1.UpdateDeadlineRequest{RunId: runID}
@@ -90,7 +90,7 @@ func setupRunExtend(fs *flag.FlagSet, c *cli) func(context.Context, []string) er
 		case c.setFlags["budget"]:
 			req.CheckpointMustSaveBy = durations.FormatDHMS(budget)
 		case c.setFlags["must-save-by"]:
-			req.MustSaveBy, err = c.parseTime("must-save-by", *mustSaveBy, slurmEnd)
+			req.MustSaveBy, err = c.parseTime("must-save-by", *mustSaveBy, slurmEnd, true)
 		case c.setFlags["add"]:
 			req.MustSaveBy, err = currentDeadlinePlus(ctx, cl, runID, add)
 		}

@@ -53,6 +53,10 @@ func (e *Engine) CancelRun(ctx context.Context, req *v1.CancelRunRequest) (*v1.C
 	return &v1.CancelRunResponse{Run: run}, nil
 }
 
+func (e *Engine) ReissueRunToken(ctx context.Context, req *v1.ReissueRunTokenRequest) (*v1.ReissueRunTokenResponse, error) {
+	return e.reissueRunToken(ctx, req)
+}
+
 // WatchRun calls send for each event after req.after_seq until the run is
 // terminal and every event was sent, ctx ends, or (with no_follow) the
 // backlog was sent.

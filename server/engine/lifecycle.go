@@ -106,13 +106,8 @@ func (e *Engine) createAgain(ctx context.Context, r *runState, spec *v1.RunSpec)
 			return errorf(ErrAlreadyExists, "run %q already exists with a different spec", r.id)
 		}
 		if r.rec.LastWorkerNum == 0 && !r.terminal() {
-			token, hash := newToken()
-			// Under the run's lock: concurrent repeats leave one token.
-			e.setToken(r.rec.TokenHash, hash, r.id)
-			resp.RunToken, resp.TokenReissued, r.rec.TokenHash = token, true, hash
-			m.dirty()
-			m.event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_WARNING,
-				Message: "run token reissued: CreateRun repeated with the same spec before any worker registered (its first answer may have been lost); the earlier token no longer works"})
+			resp.RunToken, resp.TokenReissued = m.reissueToken(
+				"CreateRun repeated with the same spec before any worker registered (its first answer may have been lost)"), true
 		}
 		resp.Run = r.view()
 		return nil
@@ -121,6 +116,55 @@ func (e *Engine) createAgain(ctx context.Context, r *runState, spec *v1.RunSpec)
 		return nil, err
 	}
 	return resp, nil
+}
+
+// reissueRunToken gives a run that goes on in a new allocation (a requeued
+// Slurm job) a new token. Only a run whose deadline has not fired: a
+// deadline sequence, or a trigger still pending, was the earlier
+// allocation's, and would stop the new one at its first step.
+func (e *Engine) reissueRunToken(ctx context.Context, req *v1.ReissueRunTokenRequest) (*v1.ReissueRunTokenResponse, error) {
+	resp := &v1.ReissueRunTokenResponse{}
+	err := e.mutate(ctx, req.RunId, func(m *mut) error {
+		r := m.r
+		if r.terminal() || r.fired() || r.rec.ManualFirePending {
+			return errorf(ErrFailedPrecondition, "run %q is %s%s: its token is not reissued; create a new run for the new allocation",
+				r.id, stateName(r.state()), firedNote(r))
+		}
+		why := oneLine(req.Reason)
+		if why == "" {
+			why = "reissued by an operator"
+		}
+		resp.RunToken = m.reissueToken(why)
+		resp.Run = r.view()
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+func firedNote(r *runState) string {
+	switch {
+	case r.fired():
+		return " and its deadline fired"
+	case r.rec.ManualFirePending:
+		return " with a deadline trigger pending"
+	}
+	return ""
+}
+
+// reissueToken replaces the run's token with a new one and returns it. Under
+// the run's lock: concurrent calls leave one token.
+func (m *mut) reissueToken(why string) string {
+	r := m.r
+	token, hash := newToken()
+	m.e.setToken(r.rec.TokenHash, hash, r.id)
+	r.rec.TokenHash = hash
+	m.dirty()
+	m.event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_WARNING,
+		Message: "run token reissued: " + why + "; the earlier token no longer works"})
+	return token
 }
 
 func newToken() (token string, hash []byte) {

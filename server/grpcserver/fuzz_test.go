@@ -43,6 +43,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+	"github.com/snapcoord/snapcoord/runstate"
 	"github.com/snapcoord/snapcoord/server/engine"
 	"github.com/snapcoord/snapcoord/server/grpcserver"
 	"github.com/snapcoord/snapcoord/store"
@@ -207,6 +208,10 @@ var runRPCs = []rpc{
 		func(e *fuzzEnv) func(context.Context, *v1.ListSnapshotsRequest, ...grpc.CallOption) (*v1.ListSnapshotsResponse, error) {
 			return e.runs.ListSnapshots
 		}),
+	unaryRPC("ReissueRunToken", func() *v1.ReissueRunTokenRequest { return &v1.ReissueRunTokenRequest{} },
+		func(e *fuzzEnv) func(context.Context, *v1.ReissueRunTokenRequest, ...grpc.CallOption) (*v1.ReissueRunTokenResponse, error) {
+			return e.runs.ReissueRunToken
+		}),
 }
 
 // fuzzEnv is one coordinator per fuzz target (and fuzzing process), kept
@@ -318,7 +323,7 @@ func (e *fuzzEnv) fixture(t *testing.T, k int) *fixture {
 	ctx := t.Context()
 	if fx := e.fixtures[k]; fx != nil {
 		resp, err := e.runs.GetRun(ctx, &v1.GetRunRequest{RunId: fx.id})
-		if err == nil && resp.Run.FiredAt == nil && !terminal(resp.Run.State) {
+		if err == nil && resp.Run.FiredAt == nil && !runstate.Terminal(resp.Run.State) {
 			return fx
 		}
 	}
@@ -350,14 +355,6 @@ func (e *fuzzEnv) fixture(t *testing.T, k int) *fixture {
 	}
 	e.fixtures[k] = fx
 	return fx
-}
-
-func terminal(s v1.RunState) bool {
-	switch s {
-	case v1.RunState_RUN_STATE_STOPPED, v1.RunState_RUN_STATE_COMPLETED, v1.RunState_RUN_STATE_FAILED, v1.RunState_RUN_STATE_CANCELLED:
-		return true
-	}
-	return false
 }
 
 // anchorTo points the request at a fixture: bit 0 sets run_id, bit 1
@@ -559,6 +556,8 @@ func fuzzSeeds() map[string][]seed {
 			{name: "snapshots", method: "ListSnapshots", anchor: aRun, req: &v1.ListSnapshotsRequest{}},
 			{name: "snapshots-page", method: "ListSnapshots", anchor: aRun, req: &v1.ListSnapshotsRequest{PageSize: 1, PageToken: "c25hcC0x"}},
 			{name: "snapshots-bad-token", method: "ListSnapshots", anchor: aRun, req: &v1.ListSnapshotsRequest{PageToken: "!!"}},
+			{name: "reissue-token", method: "ReissueRunToken", anchor: aRun, req: &v1.ReissueRunTokenRequest{Reason: "job 42 requeued"}},
+			{name: "reissue-token-unknown", method: "ReissueRunToken", req: &v1.ReissueRunTokenRequest{RunId: "nope"}},
 		},
 	}
 }

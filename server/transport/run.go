@@ -61,6 +61,10 @@ func (s *RunServer) ListSnapshots(ctx context.Context, req *v1.ListSnapshotsRequ
 	return unary(ctx, s.log, req, s.eng.ListSnapshots)
 }
 
+func (s *RunServer) ReissueRunToken(ctx context.Context, req *v1.ReissueRunTokenRequest) (*v1.ReissueRunTokenResponse, error) {
+	return unary(ctx, s.log, req, s.eng.ReissueRunToken)
+}
+
 // unary calls one engine method and maps its error: the whole body of every
 // unary handler, so none of them can forget the mapping.
 func unary[Req, Resp any](ctx context.Context, log *slog.Logger, req Req,

@@ -1022,6 +1022,118 @@ func (x *ListSnapshotsResponse) GetNextPageToken() string {
 	return ""
 }
 
+// ReissueRunTokenRequest asks for a new run token.
+type ReissueRunTokenRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The run.
+	RunId string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// Why, recorded in the run's events (e.g. "job 42 requeued, restart 1").
+	// At most 1024 bytes; control characters are stored as spaces.
+	Reason        string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReissueRunTokenRequest) Reset() {
+	*x = ReissueRunTokenRequest{}
+	mi := &file_snapcoord_v1_run_service_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReissueRunTokenRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReissueRunTokenRequest) ProtoMessage() {}
+
+func (x *ReissueRunTokenRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_snapcoord_v1_run_service_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReissueRunTokenRequest.ProtoReflect.Descriptor instead.
+func (*ReissueRunTokenRequest) Descriptor() ([]byte, []int) {
+	return file_snapcoord_v1_run_service_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *ReissueRunTokenRequest) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *ReissueRunTokenRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// ReissueRunTokenResponse carries the run and its new credential.
+type ReissueRunTokenResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The run.
+	Run *Run `protobuf:"bytes,1,opt,name=run,proto3" json:"run,omitempty"`
+	// The new bearer token for this run's WorkerService calls; the earlier
+	// one no longer works. The coordinator keeps only its hash.
+	RunToken      string `protobuf:"bytes,2,opt,name=run_token,json=runToken,proto3" json:"run_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReissueRunTokenResponse) Reset() {
+	*x = ReissueRunTokenResponse{}
+	mi := &file_snapcoord_v1_run_service_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReissueRunTokenResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReissueRunTokenResponse) ProtoMessage() {}
+
+func (x *ReissueRunTokenResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_snapcoord_v1_run_service_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReissueRunTokenResponse.ProtoReflect.Descriptor instead.
+func (*ReissueRunTokenResponse) Descriptor() ([]byte, []int) {
+	return file_snapcoord_v1_run_service_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *ReissueRunTokenResponse) GetRun() *Run {
+	if x != nil {
+		return x.Run
+	}
+	return nil
+}
+
+func (x *ReissueRunTokenResponse) GetRunToken() string {
+	if x != nil {
+		return x.RunToken
+	}
+	return ""
+}
+
 var File_snapcoord_v1_run_service_proto protoreflect.FileDescriptor
 
 const file_snapcoord_v1_run_service_proto_rawDesc = "" +
@@ -1087,7 +1199,13 @@ const file_snapcoord_v1_run_service_proto_rawDesc = "" +
 	"page_token\x18\x03 \x01(\tB\b\xbaH\x05r\x03\x18\x80\x02R\tpageToken\"u\n" +
 	"\x15ListSnapshotsResponse\x124\n" +
 	"\tsnapshots\x18\x01 \x03(\v2\x16.snapcoord.v1.SnapshotR\tsnapshots\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken2\xc8\x06\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"v\n" +
+	"\x16ReissueRunTokenRequest\x12:\n" +
+	"\x06run_id\x18\x01 \x01(\tB#\xbaH r\x1e2\x1c^[a-z0-9][a-z0-9._-]{0,127}$R\x05runId\x12 \n" +
+	"\x06reason\x18\x02 \x01(\tB\b\xbaH\x05r\x03(\x80\bR\x06reason\"[\n" +
+	"\x17ReissueRunTokenResponse\x12#\n" +
+	"\x03run\x18\x01 \x01(\v2\x11.snapcoord.v1.RunR\x03run\x12\x1b\n" +
+	"\trun_token\x18\x02 \x01(\tR\brunToken2\xb0\a\n" +
 	"\n" +
 	"RunService\x12V\n" +
 	"\tCreateRun\x12\x1e.snapcoord.v1.CreateRunRequest\x1a\x1f.snapcoord.v1.CreateRunResponse\"\b\x82\x99\x19\x04\b\x01 \x01\x12M\n" +
@@ -1098,7 +1216,8 @@ const file_snapcoord_v1_run_service_proto_rawDesc = "" +
 	"\tCancelRun\x12\x1e.snapcoord.v1.CancelRunRequest\x1a\x1f.snapcoord.v1.CancelRunResponse\"\b\x82\x99\x19\x04\b\x01 \x01\x12U\n" +
 	"\bWatchRun\x12\x1d.snapcoord.v1.WatchRunRequest\x1a\x1e.snapcoord.v1.WatchRunResponse\"\b\x82\x99\x19\x04\x10\x01 \x010\x01\x12\\\n" +
 	"\vListWorkers\x12 .snapcoord.v1.ListWorkersRequest\x1a!.snapcoord.v1.ListWorkersResponse\"\b\x82\x99\x19\x04\b\x01 \x01\x12b\n" +
-	"\rListSnapshots\x12\".snapcoord.v1.ListSnapshotsRequest\x1a#.snapcoord.v1.ListSnapshotsResponse\"\b\x82\x99\x19\x04\b\x01 \x01B\xb1\x01\n" +
+	"\rListSnapshots\x12\".snapcoord.v1.ListSnapshotsRequest\x1a#.snapcoord.v1.ListSnapshotsResponse\"\b\x82\x99\x19\x04\b\x01 \x01\x12f\n" +
+	"\x0fReissueRunToken\x12$.snapcoord.v1.ReissueRunTokenRequest\x1a%.snapcoord.v1.ReissueRunTokenResponse\"\x06\x82\x99\x19\x02 \x01B\xb1\x01\n" +
 	"\x10com.snapcoord.v1B\x0fRunServiceProtoP\x01Z;github.com/snapcoord/snapcoord/api/snapcoord/v1;snapcoordv1\xa2\x02\x03SXX\xaa\x02\fSnapcoord.V1\xca\x02\fSnapcoord\\V1\xe2\x02\x18Snapcoord\\V1\\GPBMetadata\xea\x02\rSnapcoord::V1b\x06proto3"
 
 var (
@@ -1113,7 +1232,7 @@ func file_snapcoord_v1_run_service_proto_rawDescGZIP() []byte {
 	return file_snapcoord_v1_run_service_proto_rawDescData
 }
 
-var file_snapcoord_v1_run_service_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_snapcoord_v1_run_service_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_snapcoord_v1_run_service_proto_goTypes = []any{
 	(*CreateRunRequest)(nil),        // 0: snapcoord.v1.CreateRunRequest
 	(*CreateRunResponse)(nil),       // 1: snapcoord.v1.CreateRunResponse
@@ -1133,50 +1252,55 @@ var file_snapcoord_v1_run_service_proto_goTypes = []any{
 	(*ListWorkersResponse)(nil),     // 15: snapcoord.v1.ListWorkersResponse
 	(*ListSnapshotsRequest)(nil),    // 16: snapcoord.v1.ListSnapshotsRequest
 	(*ListSnapshotsResponse)(nil),   // 17: snapcoord.v1.ListSnapshotsResponse
-	(*RunSpec)(nil),                 // 18: snapcoord.v1.RunSpec
-	(*Run)(nil),                     // 19: snapcoord.v1.Run
-	(RunState)(0),                   // 20: snapcoord.v1.RunState
-	(*timestamppb.Timestamp)(nil),   // 21: google.protobuf.Timestamp
-	(*RunEvent)(nil),                // 22: snapcoord.v1.RunEvent
-	(*Worker)(nil),                  // 23: snapcoord.v1.Worker
-	(*Snapshot)(nil),                // 24: snapcoord.v1.Snapshot
+	(*ReissueRunTokenRequest)(nil),  // 18: snapcoord.v1.ReissueRunTokenRequest
+	(*ReissueRunTokenResponse)(nil), // 19: snapcoord.v1.ReissueRunTokenResponse
+	(*RunSpec)(nil),                 // 20: snapcoord.v1.RunSpec
+	(*Run)(nil),                     // 21: snapcoord.v1.Run
+	(RunState)(0),                   // 22: snapcoord.v1.RunState
+	(*timestamppb.Timestamp)(nil),   // 23: google.protobuf.Timestamp
+	(*RunEvent)(nil),                // 24: snapcoord.v1.RunEvent
+	(*Worker)(nil),                  // 25: snapcoord.v1.Worker
+	(*Snapshot)(nil),                // 26: snapcoord.v1.Snapshot
 }
 var file_snapcoord_v1_run_service_proto_depIdxs = []int32{
-	18, // 0: snapcoord.v1.CreateRunRequest.spec:type_name -> snapcoord.v1.RunSpec
-	19, // 1: snapcoord.v1.CreateRunResponse.run:type_name -> snapcoord.v1.Run
-	19, // 2: snapcoord.v1.GetRunResponse.run:type_name -> snapcoord.v1.Run
-	20, // 3: snapcoord.v1.ListRunsRequest.state:type_name -> snapcoord.v1.RunState
-	19, // 4: snapcoord.v1.ListRunsResponse.runs:type_name -> snapcoord.v1.Run
-	21, // 5: snapcoord.v1.UpdateDeadlineRequest.must_save_by:type_name -> google.protobuf.Timestamp
-	19, // 6: snapcoord.v1.UpdateDeadlineResponse.run:type_name -> snapcoord.v1.Run
-	19, // 7: snapcoord.v1.TriggerDeadlineResponse.run:type_name -> snapcoord.v1.Run
-	19, // 8: snapcoord.v1.CancelRunResponse.run:type_name -> snapcoord.v1.Run
-	22, // 9: snapcoord.v1.WatchRunResponse.event:type_name -> snapcoord.v1.RunEvent
-	23, // 10: snapcoord.v1.ListWorkersResponse.workers:type_name -> snapcoord.v1.Worker
-	24, // 11: snapcoord.v1.ListSnapshotsResponse.snapshots:type_name -> snapcoord.v1.Snapshot
-	0,  // 12: snapcoord.v1.RunService.CreateRun:input_type -> snapcoord.v1.CreateRunRequest
-	2,  // 13: snapcoord.v1.RunService.GetRun:input_type -> snapcoord.v1.GetRunRequest
-	4,  // 14: snapcoord.v1.RunService.ListRuns:input_type -> snapcoord.v1.ListRunsRequest
-	6,  // 15: snapcoord.v1.RunService.UpdateDeadline:input_type -> snapcoord.v1.UpdateDeadlineRequest
-	8,  // 16: snapcoord.v1.RunService.TriggerDeadline:input_type -> snapcoord.v1.TriggerDeadlineRequest
-	10, // 17: snapcoord.v1.RunService.CancelRun:input_type -> snapcoord.v1.CancelRunRequest
-	12, // 18: snapcoord.v1.RunService.WatchRun:input_type -> snapcoord.v1.WatchRunRequest
-	14, // 19: snapcoord.v1.RunService.ListWorkers:input_type -> snapcoord.v1.ListWorkersRequest
-	16, // 20: snapcoord.v1.RunService.ListSnapshots:input_type -> snapcoord.v1.ListSnapshotsRequest
-	1,  // 21: snapcoord.v1.RunService.CreateRun:output_type -> snapcoord.v1.CreateRunResponse
-	3,  // 22: snapcoord.v1.RunService.GetRun:output_type -> snapcoord.v1.GetRunResponse
-	5,  // 23: snapcoord.v1.RunService.ListRuns:output_type -> snapcoord.v1.ListRunsResponse
-	7,  // 24: snapcoord.v1.RunService.UpdateDeadline:output_type -> snapcoord.v1.UpdateDeadlineResponse
-	9,  // 25: snapcoord.v1.RunService.TriggerDeadline:output_type -> snapcoord.v1.TriggerDeadlineResponse
-	11, // 26: snapcoord.v1.RunService.CancelRun:output_type -> snapcoord.v1.CancelRunResponse
-	13, // 27: snapcoord.v1.RunService.WatchRun:output_type -> snapcoord.v1.WatchRunResponse
-	15, // 28: snapcoord.v1.RunService.ListWorkers:output_type -> snapcoord.v1.ListWorkersResponse
-	17, // 29: snapcoord.v1.RunService.ListSnapshots:output_type -> snapcoord.v1.ListSnapshotsResponse
-	21, // [21:30] is the sub-list for method output_type
-	12, // [12:21] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	20, // 0: snapcoord.v1.CreateRunRequest.spec:type_name -> snapcoord.v1.RunSpec
+	21, // 1: snapcoord.v1.CreateRunResponse.run:type_name -> snapcoord.v1.Run
+	21, // 2: snapcoord.v1.GetRunResponse.run:type_name -> snapcoord.v1.Run
+	22, // 3: snapcoord.v1.ListRunsRequest.state:type_name -> snapcoord.v1.RunState
+	21, // 4: snapcoord.v1.ListRunsResponse.runs:type_name -> snapcoord.v1.Run
+	23, // 5: snapcoord.v1.UpdateDeadlineRequest.must_save_by:type_name -> google.protobuf.Timestamp
+	21, // 6: snapcoord.v1.UpdateDeadlineResponse.run:type_name -> snapcoord.v1.Run
+	21, // 7: snapcoord.v1.TriggerDeadlineResponse.run:type_name -> snapcoord.v1.Run
+	21, // 8: snapcoord.v1.CancelRunResponse.run:type_name -> snapcoord.v1.Run
+	24, // 9: snapcoord.v1.WatchRunResponse.event:type_name -> snapcoord.v1.RunEvent
+	25, // 10: snapcoord.v1.ListWorkersResponse.workers:type_name -> snapcoord.v1.Worker
+	26, // 11: snapcoord.v1.ListSnapshotsResponse.snapshots:type_name -> snapcoord.v1.Snapshot
+	21, // 12: snapcoord.v1.ReissueRunTokenResponse.run:type_name -> snapcoord.v1.Run
+	0,  // 13: snapcoord.v1.RunService.CreateRun:input_type -> snapcoord.v1.CreateRunRequest
+	2,  // 14: snapcoord.v1.RunService.GetRun:input_type -> snapcoord.v1.GetRunRequest
+	4,  // 15: snapcoord.v1.RunService.ListRuns:input_type -> snapcoord.v1.ListRunsRequest
+	6,  // 16: snapcoord.v1.RunService.UpdateDeadline:input_type -> snapcoord.v1.UpdateDeadlineRequest
+	8,  // 17: snapcoord.v1.RunService.TriggerDeadline:input_type -> snapcoord.v1.TriggerDeadlineRequest
+	10, // 18: snapcoord.v1.RunService.CancelRun:input_type -> snapcoord.v1.CancelRunRequest
+	12, // 19: snapcoord.v1.RunService.WatchRun:input_type -> snapcoord.v1.WatchRunRequest
+	14, // 20: snapcoord.v1.RunService.ListWorkers:input_type -> snapcoord.v1.ListWorkersRequest
+	16, // 21: snapcoord.v1.RunService.ListSnapshots:input_type -> snapcoord.v1.ListSnapshotsRequest
+	18, // 22: snapcoord.v1.RunService.ReissueRunToken:input_type -> snapcoord.v1.ReissueRunTokenRequest
+	1,  // 23: snapcoord.v1.RunService.CreateRun:output_type -> snapcoord.v1.CreateRunResponse
+	3,  // 24: snapcoord.v1.RunService.GetRun:output_type -> snapcoord.v1.GetRunResponse
+	5,  // 25: snapcoord.v1.RunService.ListRuns:output_type -> snapcoord.v1.ListRunsResponse
+	7,  // 26: snapcoord.v1.RunService.UpdateDeadline:output_type -> snapcoord.v1.UpdateDeadlineResponse
+	9,  // 27: snapcoord.v1.RunService.TriggerDeadline:output_type -> snapcoord.v1.TriggerDeadlineResponse
+	11, // 28: snapcoord.v1.RunService.CancelRun:output_type -> snapcoord.v1.CancelRunResponse
+	13, // 29: snapcoord.v1.RunService.WatchRun:output_type -> snapcoord.v1.WatchRunResponse
+	15, // 30: snapcoord.v1.RunService.ListWorkers:output_type -> snapcoord.v1.ListWorkersResponse
+	17, // 31: snapcoord.v1.RunService.ListSnapshots:output_type -> snapcoord.v1.ListSnapshotsResponse
+	19, // 32: snapcoord.v1.RunService.ReissueRunToken:output_type -> snapcoord.v1.ReissueRunTokenResponse
+	23, // [23:33] is the sub-list for method output_type
+	13, // [13:23] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_snapcoord_v1_run_service_proto_init() }
@@ -1194,7 +1318,7 @@ func file_snapcoord_v1_run_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_snapcoord_v1_run_service_proto_rawDesc), len(file_snapcoord_v1_run_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   18,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -28,6 +28,7 @@ const (
 	RunService_WatchRun_FullMethodName        = "/snapcoord.v1.RunService/WatchRun"
 	RunService_ListWorkers_FullMethodName     = "/snapcoord.v1.RunService/ListWorkers"
 	RunService_ListSnapshots_FullMethodName   = "/snapcoord.v1.RunService/ListSnapshots"
+	RunService_ReissueRunToken_FullMethodName = "/snapcoord.v1.RunService/ReissueRunToken"
 )
 
 // RunServiceClient is the client API for RunService service.
@@ -63,6 +64,19 @@ type RunServiceClient interface {
 	ListWorkers(ctx context.Context, in *ListWorkersRequest, opts ...grpc.CallOption) (*ListWorkersResponse, error)
 	// Lists the run's environment snapshots, oldest first, a page at a time.
 	ListSnapshots(ctx context.Context, in *ListSnapshotsRequest, opts ...grpc.CallOption) (*ListSnapshotsResponse, error)
+	// Issues a new run token for a run that goes on in a new allocation (a
+	// Slurm job requeued keeps its SLURM_JOB_ID, so CreateRun finds the run
+	// and, once workers registered, returns no token). The earlier token
+	// stops working at once: a process of the earlier allocation still
+	// running can make no call (UNAUTHENTICATED), so its lease lapses. The
+	// run keeps its state, steps, estimates and workers; the new
+	// allocation's workers register with the new token under the same names
+	// and take over (a new incarnation; a trainer rank held by a LOST worker
+	// can also be taken by a new name). Recorded as a WARNING event.
+	// FAILED_PRECONDITION once the run is over or its deadline fired or was
+	// triggered: that save belonged to the earlier allocation; start a new
+	// run instead.
+	ReissueRunToken(ctx context.Context, in *ReissueRunTokenRequest, opts ...grpc.CallOption) (*ReissueRunTokenResponse, error)
 }
 
 type runServiceClient struct {
@@ -172,6 +186,16 @@ func (c *runServiceClient) ListSnapshots(ctx context.Context, in *ListSnapshotsR
 	return out, nil
 }
 
+func (c *runServiceClient) ReissueRunToken(ctx context.Context, in *ReissueRunTokenRequest, opts ...grpc.CallOption) (*ReissueRunTokenResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReissueRunTokenResponse)
+	err := c.cc.Invoke(ctx, RunService_ReissueRunToken_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // RunServiceServer is the server API for RunService service.
 // All implementations must embed UnimplementedRunServiceServer
 // for forward compatibility.
@@ -205,6 +229,19 @@ type RunServiceServer interface {
 	ListWorkers(context.Context, *ListWorkersRequest) (*ListWorkersResponse, error)
 	// Lists the run's environment snapshots, oldest first, a page at a time.
 	ListSnapshots(context.Context, *ListSnapshotsRequest) (*ListSnapshotsResponse, error)
+	// Issues a new run token for a run that goes on in a new allocation (a
+	// Slurm job requeued keeps its SLURM_JOB_ID, so CreateRun finds the run
+	// and, once workers registered, returns no token). The earlier token
+	// stops working at once: a process of the earlier allocation still
+	// running can make no call (UNAUTHENTICATED), so its lease lapses. The
+	// run keeps its state, steps, estimates and workers; the new
+	// allocation's workers register with the new token under the same names
+	// and take over (a new incarnation; a trainer rank held by a LOST worker
+	// can also be taken by a new name). Recorded as a WARNING event.
+	// FAILED_PRECONDITION once the run is over or its deadline fired or was
+	// triggered: that save belonged to the earlier allocation; start a new
+	// run instead.
+	ReissueRunToken(context.Context, *ReissueRunTokenRequest) (*ReissueRunTokenResponse, error)
 	mustEmbedUnimplementedRunServiceServer()
 }
 
@@ -241,6 +278,9 @@ func (UnimplementedRunServiceServer) ListWorkers(context.Context, *ListWorkersRe
 }
 func (UnimplementedRunServiceServer) ListSnapshots(context.Context, *ListSnapshotsRequest) (*ListSnapshotsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListSnapshots not implemented")
+}
+func (UnimplementedRunServiceServer) ReissueRunToken(context.Context, *ReissueRunTokenRequest) (*ReissueRunTokenResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReissueRunToken not implemented")
 }
 func (UnimplementedRunServiceServer) mustEmbedUnimplementedRunServiceServer() {}
 func (UnimplementedRunServiceServer) testEmbeddedByValue()                    {}
@@ -418,6 +458,24 @@ func _RunService_ListSnapshots_Handler(srv interface{}, ctx context.Context, dec
 	return interceptor(ctx, in, info, handler)
 }
 
+func _RunService_ReissueRunToken_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReissueRunTokenRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RunServiceServer).ReissueRunToken(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RunService_ReissueRunToken_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RunServiceServer).ReissueRunToken(ctx, req.(*ReissueRunTokenRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // RunService_ServiceDesc is the grpc.ServiceDesc for RunService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -456,6 +514,10 @@ var RunService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListSnapshots",
 			Handler:    _RunService_ListSnapshots_Handler,
+		},
+		{
+			MethodName: "ReissueRunToken",
+			Handler:    _RunService_ReissueRunToken_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

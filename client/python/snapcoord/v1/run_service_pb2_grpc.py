@@ -61,6 +61,11 @@ class RunServiceStub(object):
                 request_serializer=snapcoord_dot_v1_dot_run__service__pb2.ListSnapshotsRequest.SerializeToString,
                 response_deserializer=snapcoord_dot_v1_dot_run__service__pb2.ListSnapshotsResponse.FromString,
                 )
+        self.ReissueRunToken = channel.unary_unary(
+                '/snapcoord.v1.RunService/ReissueRunToken',
+                request_serializer=snapcoord_dot_v1_dot_run__service__pb2.ReissueRunTokenRequest.SerializeToString,
+                response_deserializer=snapcoord_dot_v1_dot_run__service__pb2.ReissueRunTokenResponse.FromString,
+                )
 
 
 class RunServiceServicer(object):
@@ -139,6 +144,24 @@ class RunServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReissueRunToken(self, request, context):
+        """Issues a new run token for a run that goes on in a new allocation (a
+        Slurm job requeued keeps its SLURM_JOB_ID, so CreateRun finds the run
+        and, once workers registered, returns no token). The earlier token
+        stops working at once: a process of the earlier allocation still
+        running can make no call (UNAUTHENTICATED), so its lease lapses. The
+        run keeps its state, steps, estimates and workers; the new
+        allocation's workers register with the new token under the same names
+        and take over (a new incarnation; a trainer rank held by a LOST worker
+        can also be taken by a new name). Recorded as a WARNING event.
+        FAILED_PRECONDITION once the run is over or its deadline fired or was
+        triggered: that save belonged to the earlier allocation; start a new
+        run instead.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RunServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -186,6 +209,11 @@ def add_RunServiceServicer_to_server(servicer, server):
                     servicer.ListSnapshots,
                     request_deserializer=snapcoord_dot_v1_dot_run__service__pb2.ListSnapshotsRequest.FromString,
                     response_serializer=snapcoord_dot_v1_dot_run__service__pb2.ListSnapshotsResponse.SerializeToString,
+            ),
+            'ReissueRunToken': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReissueRunToken,
+                    request_deserializer=snapcoord_dot_v1_dot_run__service__pb2.ReissueRunTokenRequest.FromString,
+                    response_serializer=snapcoord_dot_v1_dot_run__service__pb2.ReissueRunTokenResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -349,5 +377,22 @@ class RunService(object):
         return grpc.experimental.unary_unary(request, target, '/snapcoord.v1.RunService/ListSnapshots',
             snapcoord_dot_v1_dot_run__service__pb2.ListSnapshotsRequest.SerializeToString,
             snapcoord_dot_v1_dot_run__service__pb2.ListSnapshotsResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def ReissueRunToken(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/snapcoord.v1.RunService/ReissueRunToken',
+            snapcoord_dot_v1_dot_run__service__pb2.ReissueRunTokenRequest.SerializeToString,
+            snapcoord_dot_v1_dot_run__service__pb2.ReissueRunTokenResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

@@ -21,14 +21,14 @@ func (e *Engine) reportCheckpoint(ctx context.Context, req *v1.ReportCheckpointR
 		if err := m.r.reachable(req.Step); err != nil {
 			return err
 		}
-		st, err := m.step(ctx, req.Step)
+		st, err := m.steps().step(ctx, req.Step)
 		if err != nil {
 			return err
 		}
 		if req.Phase == v1.CheckpointPhase_CHECKPOINT_PHASE_PUBLISHED {
-			err = m.checkpointPublished(req.Step, st)
+			err = m.steps().checkpointPublished(req.Step, st)
 		} else {
-			err = m.checkpointSaved(req.Step, st, w.w.Rank, req.SaveSeconds)
+			err = m.steps().checkpointSaved(req.Step, st, w.w.Rank, req.SaveSeconds)
 		}
 		state = m.r.state()
 		return err
@@ -41,7 +41,7 @@ func (e *Engine) reportCheckpoint(ctx context.Context, req *v1.ReportCheckpointR
 
 // checkpointSaved records one rank's SAVED report; the last rank completes
 // the checkpoint.
-func (m *mut) checkpointSaved(step int64, st *storagev1.StepRecord, rank int32, sec float64) error {
+func (m stepMut) checkpointSaved(step int64, st *storagev1.StepRecord, rank int32, sec float64) error {
 	r := m.r
 	if st != nil && slices.Contains(st.SavedRanks, rank) {
 		return nil // a retry
@@ -61,7 +61,7 @@ func (m *mut) checkpointSaved(step int64, st *storagev1.StepRecord, rank int32, 
 	}
 	if !st.Saved && len(st.SavedRanks) >= int(r.rec.Run.Spec.TrainerWorldSize) {
 		st.Saved = true
-		m.recordCheckpoint(st.MaxSaveSeconds)
+		m.history().recordCheckpoint(st.MaxSaveSeconds)
 	}
 	// Put only now: a batch keeps the record as it was when put, and with
 	// deferred finalize nothing puts it again until PUBLISHED, so a Saved
@@ -70,7 +70,7 @@ func (m *mut) checkpointSaved(step int64, st *storagev1.StepRecord, rank int32, 
 	if !st.Saved {
 		return nil
 	}
-	m.event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_CHECKPOINT_SAVED, Step: step,
+	m.log().event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_CHECKPOINT_SAVED, Step: step,
 		Message: fmt.Sprintf("checkpoint of step %d saved by all %d ranks (slowest %.3g s)", step, len(st.SavedRanks), st.MaxSaveSeconds)})
 	runID, slowest := r.id, st.MaxSaveSeconds
 	m.observe(func(ctx context.Context) { m.e.obs.CheckpointSaved(ctx, runID, step, slowest) })
@@ -85,9 +85,9 @@ func (m *mut) checkpointSaved(step int64, st *storagev1.StepRecord, rank int32, 
 
 // requestPublish asks the trainers to publish the fired step's checkpoint,
 // saved by every rank (deferred finalize).
-func (m *mut) requestPublish(step int64) {
+func (m stepMut) requestPublish(step int64) {
 	m.r.rec.PublishRequested = true
-	m.command(v1.WorkerRole_WORKER_ROLE_TRAINER, &v1.Command{Kind: &v1.Command_PublishCheckpoint{
+	m.log().command(v1.WorkerRole_WORKER_ROLE_TRAINER, &v1.Command{Kind: &v1.Command_PublishCheckpoint{
 		PublishCheckpoint: &v1.PublishCheckpointCommand{Step: step}}})
 }
 
@@ -95,7 +95,7 @@ func (m *mut) requestPublish(step int64) {
 // after every rank had already saved its checkpoint: ranks that checkpoint
 // a step before asking about it. No SAVED that would move the save on is
 // still to come (a rank's second one is a retry), so it moves on now.
-func (m *mut) savedBeforeAsked(st *storagev1.StepRecord) {
+func (m stepMut) savedBeforeAsked(st *storagev1.StepRecord) {
 	switch {
 	case !m.isFiredStep(st.Step):
 	case st.Published:
@@ -105,7 +105,7 @@ func (m *mut) savedBeforeAsked(st *storagev1.StepRecord) {
 	}
 }
 
-func (m *mut) checkpointPublished(step int64, st *storagev1.StepRecord) error {
+func (m stepMut) checkpointPublished(step int64, st *storagev1.StepRecord) error {
 	r := m.r
 	if st != nil && st.Published {
 		return nil // a retry, or SAVED already meant published
@@ -123,22 +123,22 @@ func (m *mut) checkpointPublished(step int64, st *storagev1.StepRecord) error {
 // published makes a checkpoint visible and starts what follows it: the
 // deadline snapshot at the fired step, else a trainer-checkpoint snapshot at
 // turn/prefix level.
-func (m *mut) published(st *storagev1.StepRecord) {
+func (m stepMut) published(st *storagev1.StepRecord) {
 	r := m.r
 	st.Published = true
 	m.putStep(st)
 	newer := r.rec.Run.LastPublishedStep
 	if st.Step > newer {
 		r.rec.Run.LastPublishedStep = st.Step
-		m.durableOnPublish(st.Step)
+		m.history().durableOnPublish(st.Step)
 	}
-	m.event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_CHECKPOINT_PUBLISHED, Step: st.Step,
+	m.log().event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_CHECKPOINT_PUBLISHED, Step: st.Step,
 		Message: fmt.Sprintf("checkpoint of step %d published", st.Step)})
 	if m.isFiredStep(st.Step) {
 		m.startDeadlineSave(st.Step)
 		return
 	}
-	safety := m.safetyCheckpointPublished(st.Step)
+	safety := m.safety().safetyCheckpointPublished(st.Step)
 	if r.fired() || !snapshotAfterCheckpoint(r.rec.Run.Spec) && !safety {
 		return
 	}
@@ -147,17 +147,17 @@ func (m *mut) published(st *storagev1.StepRecord) {
 		// this checkpoint, and the newer one already had its snapshot. A
 		// snapshot anchored here would pair today's environment state with
 		// an older model.
-		m.event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_SNAPSHOT_TICK_SKIPPED, Step: st.Step,
+		m.log().event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_SNAPSHOT_TICK_SKIPPED, Step: st.Step,
 			Message: fmt.Sprintf("trainer-checkpoint snapshot skipped: the checkpoint of step %d was published after the newer one of step %d", st.Step, newer)})
 		return
 	}
-	m.trySnapshot(v1.SnapshotReason_SNAPSHOT_REASON_TRAINER_CHECKPOINT, st.Step)
+	m.snapshots().trySnapshot(v1.SnapshotReason_SNAPSHOT_REASON_TRAINER_CHECKPOINT, st.Step)
 	if safety {
-		m.safetySnapshotIssued(st.Step)
+		m.safety().safetySnapshotIssued(st.Step)
 	}
 }
 
-func (m *mut) isFiredStep(step int64) bool {
+func (m stepMut) isFiredStep(step int64) bool {
 	r := m.r
 	return r.state() == v1.RunState_RUN_STATE_SAVING && r.rec.Run.FiredAtStep == step
 }
@@ -166,7 +166,7 @@ func (m *mut) isFiredStep(step int64) bool {
 // saved (or, with deferred finalize, a checkpoint not published) by B fails
 // the run with the late ranks named, instead of leaving it SAVING forever
 // behind a rank that died mid-save.
-func (m *mut) armSaveTimeout() {
+func (m stepMut) armSaveTimeout() {
 	r := m.r
 	if r.state() != v1.RunState_RUN_STATE_SAVING {
 		m.disarm(timerSave)
@@ -175,7 +175,7 @@ func (m *mut) armSaveTimeout() {
 	at := m.saveDeadline()
 	m.arm(timerSave, m.afterGrace(at), func(m *mut) {
 		if m.r.state() == v1.RunState_RUN_STATE_SAVING {
-			m.failRun(m.lateSave(at))
+			m.failRun(m.steps().lateSave(at))
 		}
 	})
 }
@@ -183,16 +183,16 @@ func (m *mut) armSaveTimeout() {
 // saveDeadline is B, or, when the deadline fired by hand with B already past
 // or unset, fired_at + snapshot_timeout_s (as for the deadline snapshot).
 // Counted from fired_at so that a restart arms the same time.
-func (m *mut) saveDeadline() time.Time {
+func (m stepMut) saveDeadline() time.Time {
 	fired := m.r.rec.Run.FiredAt.AsTime()
 	if b, ok := m.r.mustSaveBy(); ok && b.After(fired) {
 		return b
 	}
-	return fired.Add(m.snapshotTimeout())
+	return fired.Add(m.snapshots().snapshotTimeout())
 }
 
 // lateSave says which ranks held up the fired step's checkpoint.
-func (m *mut) lateSave(at time.Time) string {
+func (m stepMut) lateSave(at time.Time) string {
 	r := m.r
 	step := r.rec.Run.FiredAtStep
 	st := r.steps[step] // kept in memory: see trimSteps
@@ -203,19 +203,9 @@ func (m *mut) lateSave(at time.Time) string {
 	var late []string
 	for rank := range r.rec.Run.Spec.TrainerWorldSize {
 		if st == nil || !slices.Contains(st.SavedRanks, rank) {
-			late = append(late, m.rankName(rank))
+			late = append(late, m.workers().rankName(rank))
 		}
 	}
 	return fmt.Sprintf("the checkpoint of step %d was not saved by %s: no CHECKPOINT_PHASE_SAVED from rank %s",
 		step, by, strings.Join(late, ", "))
-}
-
-// rankName is "3" or, when a worker holds the rank, `3 (w4-…, "rank-3", LOST)`.
-func (m *mut) rankName(rank int32) string {
-	for _, w := range m.r.workers {
-		if w.w.Role == v1.WorkerRole_WORKER_ROLE_TRAINER && w.w.Rank == rank && w.w.State != v1.WorkerState_WORKER_STATE_LEFT {
-			return fmt.Sprintf("%d (%s, %q, %s)", rank, w.w.WorkerId, w.w.Name, workerStateName(w))
-		}
-	}
-	return fmt.Sprintf("%d (never registered)", rank)
 }

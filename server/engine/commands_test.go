@@ -2,9 +2,9 @@ package engine
 
 import (
 	"context"
-	"time"
-
 	"testing"
+	"testing/synctest"
+	"time"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 )
@@ -12,7 +12,9 @@ import (
 // A worker that reconnects after it already received its Stop gets an
 // empty stream that ends, rather than one that waits forever; one that
 // reconnects from before the Stop gets the Stop and then the end.
-func TestStreamOfFinishedRunEnds(t *testing.T) {
+func TestStreamOfFinishedRunEnds(t *testing.T) { synctest.Test(t, testStreamOfFinishedRunEnds) }
+
+func testStreamOfFinishedRunEnds(t *testing.T) {
 	h := newHarness(t)
 	h.create("r", &v1.RunSpec{TrainerWorldSize: 1})
 	env := h.envs("r", 1)[0]
@@ -24,7 +26,8 @@ func TestStreamOfFinishedRunEnds(t *testing.T) {
 	if len(stop) != 1 || stop[0].GetStop() == nil {
 		t.Fatalf("commands %v, want one Stop", stop)
 	}
-	// The timeout only turns a hang (the bug) into a failure.
+	// The timeout only turns a hang (the bug) into a failure; in the
+	// bubble it passes as soon as every goroutine is blocked.
 	ctx, cancel := context.WithTimeout(h.ctx, 30*time.Second)
 	defer cancel()
 	for _, after := range []int64{0, stop[0].Seq} {

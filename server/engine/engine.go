@@ -99,7 +99,10 @@ type Engine struct {
 	tokens   map[string]string // sha256(token) -> run id
 
 	failed atomic.Pointer[error] // set once a commit failed
-	closed atomic.Bool
+	// illegal is the latest state change the state machine refused: an
+	// engine bug (see states.go), which the tests check for.
+	illegal atomic.Pointer[error]
+	closed  atomic.Bool
 	// stopWaiting is closed by EndLongCalls (and Close) or the first
 	// failed commit: every wait for a change ends (see await).
 	stopWaiting chan struct{}

@@ -72,6 +72,9 @@ func (h *harness) open() {
 
 func (h *harness) close() {
 	if h.e != nil {
+		if bug := h.e.illegal.Load(); bug != nil {
+			h.t.Errorf("the engine refused a state change: %v", *bug)
+		}
 		h.e.Close()
 		if err := h.db.Close(); err != nil {
 			h.t.Error(err)

@@ -74,7 +74,7 @@ func pushBounded(vs []float64, v float64, n int) []float64 {
 // recordIteration keeps one value per step, the max over its ranks. A rank
 // that reports an older step than the latest recorded adds nothing: the
 // history is of the latest steps.
-func (m *mut) recordIteration(step int64, sec float64) {
+func (m historyMut) recordIteration(step int64, sec float64) {
 	rec := m.r.rec
 	if !expectedLoss(m.r) {
 		return
@@ -95,7 +95,7 @@ func (m *mut) recordIteration(step int64, sec float64) {
 }
 
 // recordCheckpoint records a checkpoint every rank saved: its slowest rank.
-func (m *mut) recordCheckpoint(sec float64) {
+func (m historyMut) recordCheckpoint(sec float64) {
 	if !expectedLoss(m.r) {
 		return
 	}
@@ -104,7 +104,7 @@ func (m *mut) recordCheckpoint(sec float64) {
 }
 
 // recordSnapshot records a SAVED snapshot's duration (what R is fed).
-func (m *mut) recordSnapshot(sec float64) {
+func (m historyMut) recordSnapshot(sec float64) {
 	if !expectedLoss(m.r) {
 		return
 	}
@@ -115,7 +115,7 @@ func (m *mut) recordSnapshot(sec float64) {
 // durableOnPublish: a checkpoint just published as the newest. Where the
 // target level needs no environment snapshot (prompt group, sibling), a
 // restart resumes from the checkpoint alone, so it is the durable save.
-func (m *mut) durableOnPublish(step int64) {
+func (m historyMut) durableOnPublish(step int64) {
 	r := m.r
 	if !expectedLoss(r) {
 		return
@@ -135,7 +135,7 @@ func (m *mut) durableOnPublish(step int64) {
 // (the trainers went on meanwhile, and a restart redoes that). A snapshot of
 // an older checkpoint, whose publication time is no longer kept, changes
 // nothing: the work at stake is then overstated, never understated.
-func (m *mut) durableOnSnapshot(s *v1.Snapshot) {
+func (m historyMut) durableOnSnapshot(s *v1.Snapshot) {
 	r := m.r
 	anchor := s.AnchorStep
 	if !needsSnapshots(r.rec.Run.Spec.RolloutRecovery.TargetLevel) || anchor <= 0 || anchor <= r.rec.LastDurableStep {
@@ -149,7 +149,7 @@ func (m *mut) durableOnSnapshot(s *v1.Snapshot) {
 	}
 }
 
-func (m *mut) setDurable(step int64, at time.Time) {
+func (m historyMut) setDurable(step int64, at time.Time) {
 	if !expectedLoss(m.r) {
 		return
 	}

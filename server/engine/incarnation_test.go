@@ -1,11 +1,14 @@
 package engine
 
 import (
+	"context"
 	"errors"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+	"github.com/snapcoord/snapcoord/server/clock"
 )
 
 // wantSuperseded: the call was refused because its incarnation is no longer
@@ -191,7 +194,9 @@ func TestStaleReportsAreFenced(t *testing.T) {
 // would: one cut off from the network, not dead, must not go on acting as
 // the rank. Its open stream ends, and its steps, reports and FinishRun are
 // refused with the reason a client stops on.
-func TestTakenOverRankIsFenced(t *testing.T) {
+func TestTakenOverRankIsFenced(t *testing.T) { synctest.Test(t, testTakenOverRankIsFenced) }
+
+func testTakenOverRankIsFenced(t *testing.T) {
 	h := newHarness(t)
 	h.create("r", &v1.RunSpec{TrainerWorldSize: 1,
 		Checkpointing: &v1.CheckpointingSpec{CheckpointMustSaveBy: "00:01:00:00", DeferredFinalize: true}})
@@ -226,10 +231,11 @@ func TestTakenOverRankIsFenced(t *testing.T) {
 			t.Fatalf("%s: %v has no reason %s", what, err, ReasonWorkerSuperseded)
 		}
 	}
+	synctest.Wait() // every goroutine of the bubble has done what it can
 	select {
 	case err := <-streamEnded:
 		wantDisplaced("the open stream", err)
-	case <-time.After(10 * time.Second):
+	default:
 		t.Fatal("the old process's stream is still open after its rank was taken over")
 	}
 	_, err = h.e.ReportCheckpoint(h.ctx, &v1.ReportCheckpointRequest{RunId: "r", WorkerId: old.WorkerId, Step: 1,
@@ -320,7 +326,12 @@ func TestRegisterWorkerRefusals(t *testing.T) {
 // second chain of lease timers beside the new registration's, one of which
 // would then outlive Close.
 func TestLeaseTimerFiringDuringReRegisterIsNotDuplicated(t *testing.T) {
-	h := newHarness(t)
+	fake := clock.NewFake(t0)
+	fired := make(chan struct{}, 1)
+	h := &harness{t: t, ctx: context.Background(), clk: fake, dir: t.TempDir(),
+		opts: Options{HeartbeatInterval: 5 * time.Second, Clock: startClock{Fake: fake, started: fired}}}
+	h.open()
+	t.Cleanup(h.close)
 	h.create("r", turnSpec(1, "")) // no deadline, no interval: lease timers only
 	env := h.envs("r", 1)[0]
 	if n := h.clk.Pending(); n != 1 {
@@ -336,15 +347,11 @@ func TestLeaseTimerFiringDuringReRegisterIsNotDuplicated(t *testing.T) {
 		defer close(advanced)
 		h.clk.Advance(h.e.opts.LeaseTTL) // the lease timer fires; its callback waits for the lock
 	}()
-	for end := time.Now().Add(10 * time.Second); h.clk.Pending() != 0; time.Sleep(time.Millisecond) {
-		if time.Now().After(end) {
-			t.Fatal("the lease timer did not fire")
-		}
-	}
+	<-fired
 	// Ahead of the callback on the lock: the worker leaves and registers again.
 	m := &mut{e: h.e, r: r, now: h.clk.Now()}
-	m.leave(r.workers[env], "deregistered")
-	if _, err := m.register(&v1.RegisterWorkerRequest{RunId: "r", Role: v1.WorkerRole_WORKER_ROLE_ENVIRONMENT, Name: "env-aa"}); err != nil {
+	m.workers().leave(r.workers[env], "deregistered")
+	if _, err := m.workers().register(&v1.RegisterWorkerRequest{RunId: "r", Role: v1.WorkerRole_WORKER_ROLE_ENVIRONMENT, Name: "env-aa"}); err != nil {
 		t.Fatal(err)
 	}
 	m.flush()
@@ -357,4 +364,18 @@ func TestLeaseTimerFiringDuringReRegisterIsNotDuplicated(t *testing.T) {
 	if n := h.clk.Pending(); n != 0 {
 		t.Errorf("%d timers still armed after Close, want 0", n)
 	}
+}
+
+// startClock is a fake clock that signals each timer callback as it starts,
+// so that a test can act while the callback waits for a lock.
+type startClock struct {
+	*clock.Fake
+	started chan<- struct{}
+}
+
+func (c startClock) AfterFunc(d time.Duration, f func()) clock.Timer {
+	return c.Fake.AfterFunc(d, func() {
+		c.started <- struct{}{}
+		f()
+	})
 }

@@ -12,7 +12,6 @@ import (
 
 	storagev1 "github.com/snapcoord/snapcoord/api/snapcoord/storage/v1"
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
-	"github.com/snapcoord/snapcoord/enumtext"
 )
 
 const defaultPageSize = 100
@@ -82,11 +81,11 @@ func (m *mut) start() {
 	if err == nil && !b.IsZero() {
 		m.r.rec.Run.Deadline.MustSaveBy = timestamppb.New(b)
 	}
-	m.event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_RUN_CREATED, State: m.r.state(),
+	m.log().event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_RUN_CREATED, State: m.r.state(),
 		Message: fmt.Sprintf("run created: %d trainer ranks, %s", m.r.rec.Run.Spec.TrainerWorldSize, describeDeadline(m.r))})
-	m.armPreStep()
-	m.armInterval(true)
-	m.armMissed()
+	m.steps().armPreStep()
+	m.snapshots().armInterval(true)
+	m.missed().armMissed()
 }
 
 // createAgain answers a CreateRun of a run that exists: the same spec is a
@@ -162,7 +161,7 @@ func (m *mut) reissueToken(why string) string {
 	m.e.setToken(r.rec.TokenHash, hash, r.id)
 	r.rec.TokenHash = hash
 	m.dirty()
-	m.event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_WARNING,
+	m.log().event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_WARNING,
 		Message: "run token reissued: " + why + "; the earlier token no longer works"})
 	return token
 }
@@ -257,10 +256,10 @@ func (e *Engine) updateDeadline(ctx context.Context, req *v1.UpdateDeadlineReque
 		}
 		old := describeDeadline(r)
 		r.rec.Run.Deadline.MustSaveBy = timestamppb.New(b)
-		m.event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_DEADLINE_UPDATED,
+		m.log().event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_DEADLINE_UPDATED,
 			Message: fmt.Sprintf("deadline moved: %s -> %s", old, describeDeadline(r))})
-		m.armPreStep()
-		m.armMissed()
+		m.steps().armPreStep()
+		m.missed().armMissed()
 		return nil
 	})
 	if err != nil {
@@ -285,7 +284,7 @@ func (e *Engine) triggerDeadline(ctx context.Context, req *v1.TriggerDeadlineReq
 		} else if !r.rec.ManualFirePending {
 			r.rec.ManualFirePending = true
 			r.rec.ManualFireReason = reason
-			m.event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_WARNING,
+			m.log().event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_WARNING,
 				Message: "deadline triggered by hand (" + reason + "): the next completed step saves and stops"})
 		}
 		return nil
@@ -345,36 +344,6 @@ func (e *Engine) finishRun(ctx context.Context, req *v1.FinishRunRequest) (*v1.F
 	return &v1.FinishRunResponse{RunState: state}, nil
 }
 
-// setState moves the run to s and records it.
-func (m *mut) setState(s v1.RunState, why string) {
-	if m.r.state() == s {
-		return
-	}
-	m.r.rec.Run.State = s
-	m.event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_STATE_CHANGED, State: s,
-		Message: stateName(s) + ": " + why})
-}
-
-// terminate ends the run: final state, Stop to every worker, no more timers.
-// A snapshot still in flight is closed as SKIPPED: its late outcome must not
-// reach a run whose state is final (a last worker leaving would otherwise
-// complete it, and a TIMEOUT could fail a COMPLETED run).
-func (m *mut) terminate(s v1.RunState, reason string) {
-	m.savedLate(s)
-	if a := m.activeSnapshot(); a != nil {
-		m.closeSnapshot(a, v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SKIPPED,
-			fmt.Sprintf("not complete when the run ended (%s: %s)", stateName(s), reason))
-	}
-	m.setState(s, reason)
-	m.r.rec.Run.EndedAt = m.ts()
-	m.r.rec.ManualFirePending, m.r.rec.ManualFireReason = false, "" // a trigger waiting for a step that never comes
-	m.command(v1.WorkerRole_WORKER_ROLE_UNSPECIFIED, &v1.Command{Kind: &v1.Command_Stop{
-		Stop: &v1.StopCommand{Reason: stateName(s) + ": " + reason}}})
-	for k := range m.r.timers {
-		m.disarm(k)
-	}
-}
-
 // resume re-arms a loaded run's timers and gives its workers a grace period:
 // their leases, and the reports the bounds of a save wait for (afterGrace).
 func (e *Engine) resume(r *runState) {
@@ -382,23 +351,20 @@ func (e *Engine) resume(r *runState) {
 	m := &mut{e: e, r: r, now: e.clk.Now()}
 	r.loadedAt, r.graceUntil = m.now, m.now.Add(e.opts.RestartGrace)
 	if !r.terminal() {
-		m.armPreStep()
-		m.armInterval(false)
-		m.armSnapshotTimeout()
-		m.armSaveTimeout()
-		m.armMissed()
+		m.steps().armPreStep()
+		m.snapshots().armInterval(false)
+		m.snapshots().armSnapshotTimeout()
+		m.steps().armSaveTimeout()
+		m.missed().armMissed()
 	}
 	for _, w := range r.workers {
 		if w.w.State == v1.WorkerState_WORKER_STATE_LIVE {
-			m.renewLease(w, e.opts.RestartGrace)
+			m.workers().renewLease(w, e.opts.RestartGrace)
 		}
 	}
 	m.flush()
 	r.mu.Unlock()
 }
-
-// stateName is how the engine's messages name a run state: RUNNING.
-func stateName(s v1.RunState) string { return enumtext.Name(s) }
 
 func describeDeadline(r *runState) string {
 	b, ok := r.mustSaveBy()

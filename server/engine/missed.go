@@ -28,14 +28,14 @@ const (
 // event, Run.deadline_missed (stored with the run, so it survives a
 // restart) and the observer's count. A late save used to show only as
 // ended_at > must_save_by, which nobody looks at.
-func (m *mut) missDeadline(cause MissCause, step int64, why string) {
+func (m missMut) missDeadline(cause MissCause, step int64, why string) {
 	run := m.r.rec.Run
 	if run.DeadlineMissed {
 		return
 	}
 	run.DeadlineMissed, run.DeadlineMissedAt, run.DeadlineMissedReason = true, m.ts(), why
 	m.dirty()
-	m.event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_WARNING, Step: step,
+	m.log().event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_WARNING, Step: step,
 		Message: "DEADLINE MISSED: " + why})
 	runID := m.r.id
 	m.observe(func(ctx context.Context) { m.e.obs.DeadlineMissed(ctx, runID, cause) })
@@ -50,7 +50,7 @@ func missedBy(now, b time.Time) string {
 // decidedLate marks the deadline missed when step is decided, or the
 // deadline fires before the first step (step 0), at or after B; what says
 // which in the reason.
-func (m *mut) decidedLate(step int64, what string) {
+func (m missMut) decidedLate(step int64, what string) {
 	if b, ok := m.r.mustSaveBy(); ok && !m.now.Before(b) {
 		m.missDeadline(MissedDecidedAfterB, step, what+" "+missedBy(m.now, b))
 	}
@@ -60,7 +60,7 @@ func (m *mut) decidedLate(step int64, what string) {
 // missed it. After a restart the check waits for the restart grace, as the
 // bounds of the save do (afterGrace): a save that ended in time may have
 // its last report held up by the outage.
-func (m *mut) armMissed() {
+func (m missMut) armMissed() {
 	r := m.r
 	b, ok := r.mustSaveBy()
 	if !ok || r.terminal() || r.rec.Run.DeadlineMissed {
@@ -69,13 +69,13 @@ func (m *mut) armMissed() {
 	}
 	m.arm(timerMissed, m.afterGrace(b), func(m *mut) {
 		if !m.r.terminal() {
-			m.stillGoingAtB(b)
+			m.missed().stillGoingAtB(b)
 		}
 	})
 }
 
 // stillGoingAtB marks a live run that B found RUNNING or saving.
-func (m *mut) stillGoingAtB(b time.Time) {
+func (m missMut) stillGoingAtB(b time.Time) {
 	r := m.r
 	at := "at B = " + b.UTC().Format(time.RFC3339)
 	switch r.state() {
@@ -92,7 +92,7 @@ func (m *mut) stillGoingAtB(b time.Time) {
 // state s) at or after B, past any restart grace. Mostly the check at B has
 // marked it already; at B itself the bounds of the save may end the run
 // before that check runs.
-func (m *mut) savedLate(s v1.RunState) {
+func (m missMut) savedLate(s v1.RunState) {
 	r := m.r
 	b, ok := r.mustSaveBy()
 	if !ok || !r.fired() || m.now.Before(m.afterGrace(b)) {

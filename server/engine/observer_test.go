@@ -5,6 +5,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
@@ -40,6 +41,10 @@ func (o *countingObserver) counts() (decisions, fires int) {
 // (it becomes durable, and a retry finds it stored), so it does not stop it
 // from being counted either: the decision and the fire reach the metrics.
 func TestObserverCountsACallWhoseCallerGaveUp(t *testing.T) {
+	synctest.Test(t, testObserverCountsACallWhoseCallerGaveUp)
+}
+
+func testObserverCountsACallWhoseCallerGaveUp(t *testing.T) {
 	obs := &countingObserver{}
 	var slow atomic.Pointer[chan struct{}] // while set, commits wait for it to close
 	h := newHarnessStore(t, Options{HeartbeatInterval: 5 * time.Second, Observer: obs},
@@ -67,15 +72,11 @@ func TestObserverCountsACallWhoseCallerGaveUp(t *testing.T) {
 	if d := h.step("r", ranks[0], 2, 1); d.Action != v1.StepAction_STEP_ACTION_SAVE_AND_STOP { // the retry
 		t.Fatalf("retry of step 2: %v", d.Action)
 	}
-	// Counted once the commit is done, after the call returned: wait for it.
-	for end := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
-		d, f := obs.counts()
-		if d == decisions+1 && f == fires+1 {
-			break
-		}
-		if time.Now().After(end) {
-			t.Fatalf("decisions %d → %d, fires %d → %d; want one more of each", decisions, d, fires, f)
-		}
+	// Counted once the commit is done, after the call returned: wait for
+	// every goroutine of the bubble to be done.
+	synctest.Wait()
+	if d, f := obs.counts(); d != decisions+1 || f != fires+1 {
+		t.Fatalf("decisions %d → %d, fires %d → %d; want one more of each", decisions, d, fires, f)
 	}
 }
 

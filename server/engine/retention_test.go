@@ -3,6 +3,7 @@ package engine
 import (
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
@@ -100,7 +101,9 @@ func TestWatchAcrossPurgeEndsNotFound(t *testing.T) {
 // After a commit fails nothing changes until a restart: a call waiting for
 // a change ends with UNAVAILABLE, as every other call does, instead of
 // waiting for ever.
-func TestWaitersEndWhenACommitFails(t *testing.T) {
+func TestWaitersEndWhenACommitFails(t *testing.T) { synctest.Test(t, testWaitersEndWhenACommitFails) }
+
+func testWaitersEndWhenACommitFails(t *testing.T) {
 	h := newHarness(t)
 	h.create("r", turnSpec(1, ""))
 	ranks := h.trainers("r", 1)
@@ -123,10 +126,11 @@ func TestWaitersEndWhenACommitFails(t *testing.T) {
 	}
 	_, err := h.e.CompleteStep(h.ctx, &v1.CompleteStepRequest{RunId: "r", WorkerId: ranks[0], Step: 2, IterationSeconds: 1})
 	wantErr(t, err, ErrUnavailable, "")
+	synctest.Wait() // every goroutine of the bubble has done what it can
 	select {
 	case err := <-ended:
 		wantErr(t, err, ErrUnavailable, "cannot write")
-	case <-time.After(10 * time.Second):
+	default:
 		t.Fatal("WatchRun still waits after the store failed")
 	}
 }

@@ -2,7 +2,6 @@ package engine
 
 import (
 	"context"
-	"fmt"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -13,7 +12,6 @@ import (
 
 	storagev1 "github.com/snapcoord/snapcoord/api/snapcoord/storage/v1"
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
-	"github.com/snapcoord/snapcoord/runstate"
 	"github.com/snapcoord/snapcoord/server/clock"
 	"github.com/snapcoord/snapcoord/store"
 )
@@ -34,16 +32,26 @@ type runState struct {
 	id string
 	mu sync.Mutex
 
-	rec   *storagev1.RunRecord
-	steps map[int64]*storagev1.StepRecord // the latest; see mut.step
+	// The stored run. Its state changes only through states.go; each of
+	// its other fields is written by the part of mut named for it.
+	rec *storagev1.RunRecord
+
+	// Written by mut.steps().
+	steps map[int64]*storagev1.StepRecord // the latest; see stepMut.step
 	// Steps numbered up to stepsOnDiskThrough may be in the store only.
 	stepsOnDiskThrough int64
-	workers            map[string]*workerState // by worker id
-	byName             map[string]*workerState
-	snapshots          map[string]*v1.Snapshot
-	snapOrder          []*v1.Snapshot
-	reportIdx          map[string]*reportIndex // by snapshot id; see reportIndex
-	events             []*v1.RunEvent          // the latest, by seq; see trimEvents
+
+	// Written by mut.workers().
+	workers map[string]*workerState // by worker id
+	byName  map[string]*workerState
+
+	// Written by mut.snapshots().
+	snapshots map[string]*v1.Snapshot
+	snapOrder []*v1.Snapshot
+	reportIdx map[string]*reportIndex // by snapshot id; see reportIndex
+
+	// Written by mut.log().
+	events []*v1.RunEvent // the latest, by seq; see trimEvents
 	// Events up to here are deleted from the store (--max-events-per-run).
 	eventsDeletedThrough int64
 	commands             []*v1.Command // the whole command log, by seq
@@ -119,9 +127,6 @@ func (r *runState) state() v1.RunState { return r.rec.Run.State }
 
 func (r *runState) terminal() bool { return isTerminal(r.state()) }
 
-// isTerminal is runstate.Terminal: the API declares which states are.
-func isTerminal(s v1.RunState) bool { return runstate.Terminal(s) }
-
 func (r *runState) fired() bool { return r.rec.Run.FiredAt != nil }
 
 // changed returns the channel closed when the next event becomes durable.
@@ -172,7 +177,27 @@ func (r *runState) stopTimers() {
 	}
 }
 
-// mut is one mutation of one run, made under the run's lock.
+// mut is one mutation of one run, made under the run's lock. Its core
+// (this file) collects the records to commit (flush), the observer calls
+// to make once they are durable (observe) and the run's timers (arm); the
+// run's state changes only through the state machine (states.go). The rest
+// is split into parts, each the only writer of its share of the run:
+//
+//   - log (log.go): the event log and the command log, and the sequence
+//     numbers of both;
+//   - workers (workers.go): registrations, ranks and leases;
+//   - steps (steps.go, checkpoint.go): steps, their decisions and the
+//     trainers' checkpoints, and the timers of the pre-step deadline and
+//     of the trainers' deadline save;
+//   - snapshots (snapshot.go): snapshots, their reports and outcomes, the
+//     interval and snapshot timers, and R's window;
+//   - safety (safety.go): the safety save in flight;
+//   - history (history.go): the history of iterations, saves and durable
+//     points the policy and the status page read;
+//   - missed (missed.go): whether and why the run missed its deadline.
+//
+// A part calls another through its accessor (m.snapshots().issueSnapshot),
+// so every crossing between parts is visible at the call.
 type mut struct {
 	e        *Engine
 	r        *runState
@@ -183,99 +208,36 @@ type mut struct {
 	after    []func(context.Context) // observer calls, made after the lock is released
 }
 
+// The parts of a mutation; see mut.
+type (
+	logMut      struct{ *mut }
+	workerMut   struct{ *mut }
+	stepMut     struct{ *mut }
+	snapshotMut struct{ *mut }
+	safetyMut   struct{ *mut }
+	historyMut  struct{ *mut }
+	missMut     struct{ *mut }
+)
+
+func (m *mut) log() logMut            { return logMut{m} }
+func (m *mut) workers() workerMut     { return workerMut{m} }
+func (m *mut) steps() stepMut         { return stepMut{m} }
+func (m *mut) snapshots() snapshotMut { return snapshotMut{m} }
+func (m *mut) safety() safetyMut      { return safetyMut{m} }
+func (m *mut) history() historyMut    { return historyMut{m} }
+func (m *mut) missed() missMut        { return missMut{m} }
+
 func (m *mut) ts() *timestamppb.Timestamp { return timestamppb.New(m.now) }
 
 func (m *mut) dirty() { m.runDirty = true }
 
 func (m *mut) observe(f func(context.Context)) { m.after = append(m.after, f) }
 
-func (m *mut) putStep(s *storagev1.StepRecord) {
-	m.r.steps[s.Step] = s
-	m.b.PutStep(m.r.id, s)
-}
-
-// stepsKept is how many of a run's latest steps stay in memory. Ranks ask
-// about the latest step, and report checkpoints of recent ones; a run that
-// steps every second for three days has 260,000 steps, which would
-// otherwise all stay in memory for the life of the process (about 600 bytes
-// each, with their decisions).
-const stepsKept = 64
-
-// step returns the run's record of step; nil if it has none. A step older
-// than the ones kept in memory is read from the store once every commit of
-// the run is done, so the read finds the latest put of it.
-func (m *mut) step(ctx context.Context, step int64) (*storagev1.StepRecord, error) {
-	r := m.r
-	if st, ok := r.steps[step]; ok || step > r.stepsOnDiskThrough {
-		return st, nil
-	}
-	if err := m.e.wait(ctx, r.last); err != nil {
-		return nil, err
-	}
-	st, err := m.e.st.Step(r.id, step)
-	if err != nil {
-		return nil, fmt.Errorf("run %q: %w", r.id, err)
-	}
-	if st != nil {
-		r.steps[step] = st
-	}
-	return st, nil
-}
-
-// trimSteps drops the steps older than the latest stepsKept from memory,
-// once twice that many are held; their records stay in the store. The
-// step the deadline fired at stays: its save is what the run waits for.
-func (m *mut) trimSteps() {
-	r := m.r
-	if len(r.steps) <= 2*stepsKept {
-		return
-	}
-	through := r.rec.Run.LastStep - stepsKept
-	for s := range r.steps {
-		if s <= through && s != r.rec.Run.FiredAtStep {
-			delete(r.steps, s)
-		}
-	}
-	r.stepsOnDiskThrough = max(r.stepsOnDiskThrough, through)
-}
-
-func (m *mut) putWorker(w *workerState) { m.b.PutWorker(m.r.id, w.w) }
-
-func (m *mut) putSnapshot(s *v1.Snapshot) { m.b.PutSnapshot(m.r.id, s) }
-
-// event appends a run event.
-func (m *mut) event(ev *v1.RunEvent) {
-	run := m.r.rec.Run
-	run.LastEventSeq++
-	ev.Seq = run.LastEventSeq
-	ev.At = m.ts()
-	m.r.events = append(m.r.events, ev)
-	m.b.PutEvent(m.r.id, ev)
-	m.dirty()
-	m.notify.events = true
-}
-
-// command appends to the command log, and records that it did.
-func (m *mut) command(audience v1.WorkerRole, c *v1.Command) *v1.Command {
-	m.r.rec.LastCommandSeq++
-	c.Seq = m.r.rec.LastCommandSeq
-	c.IssuedAt = m.ts()
-	c.Audience = audience
-	m.r.commands = append(m.r.commands, c)
-	m.b.PutCommand(m.r.id, c)
-	m.notify.commands = true
-	kind := commandKind(c)
-	m.event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_COMMAND_ISSUED, CommandSeq: c.Seq,
-		Message: "command " + kind + " issued to " + audienceName(audience)})
-	m.observe(func(ctx context.Context) { m.e.obs.CommandIssued(ctx, kind) })
-	return c
-}
-
 // flush submits what the mutation changed. Called with the run locked.
 func (m *mut) flush() {
 	r := m.r
 	if m.runDirty {
-		m.trimEvents()
+		m.log().trimEvents()
 		r.rec.Run.Deadline = m.e.deadlineView(r)
 		m.b.PutRun(r.rec)
 	}
@@ -295,31 +257,6 @@ func (m *mut) observed(ctx context.Context) {
 	for _, f := range m.after {
 		f(ctx)
 	}
-}
-
-// eventsKept is how many of a run's latest events stay in memory, for
-// watchers following the run; older ones, up to --max-events-per-run, are
-// read from the store by a watcher that asks for them. With a decision event
-// per step, a long run would otherwise hold 100,000 of them (about 90 MB).
-const eventsKept = 256
-
-// trimEvents deletes the events beyond --max-events-per-run from the store,
-// and drops the ones older than the latest eventsKept from memory once
-// twice that many are held.
-func (m *mut) trimEvents() {
-	r := m.r
-	through := r.rec.Run.LastEventSeq - int64(m.e.opts.MaxEventsPerRun)
-	if through > r.eventsDeletedThrough {
-		m.b.DeleteEventsThrough(r.id, through)
-		r.eventsDeletedThrough = through
-	}
-	n := len(r.events)
-	if n == 0 || (n <= 2*eventsKept && r.events[0].Seq > through) {
-		return
-	}
-	from := max(through, r.rec.Run.LastEventSeq-eventsKept)
-	i := sort.Search(n, func(i int) bool { return r.events[i].Seq > from })
-	r.events = append([]*v1.RunEvent(nil), r.events[i:]...)
 }
 
 // publish makes commands and events visible to streams once durable.
@@ -370,29 +307,18 @@ func (m *mut) disarm(kind int) {
 	r.timerGen[kind]++
 }
 
+// afterGrace is when a bound on reports (a snapshot's, the trainers' save)
+// that falls due at at is enforced: at, but after a restart not before the
+// restart grace ends. Ranks and workers that finished their save in time
+// retry the report the outage held up; judging it missing the moment the
+// coordinator is back would fail a run that saved, or time out a snapshot
+// that was taken, because the coordinator had crashed.
+func (m *mut) afterGrace(at time.Time) time.Time {
+	if at.Before(m.r.graceUntil) {
+		return m.r.graceUntil
+	}
+	return at
+}
+
 // view returns a copy of the run safe to hand out after the lock is released.
 func (r *runState) view() *v1.Run { return proto.Clone(r.rec.Run).(*v1.Run) }
-
-func commandKind(c *v1.Command) string {
-	switch c.Kind.(type) {
-	case *v1.Command_SaveAtDeadline:
-		return "save_at_deadline"
-	case *v1.Command_Snapshot:
-		return "snapshot"
-	case *v1.Command_PublishCheckpoint:
-		return "publish_checkpoint"
-	case *v1.Command_Stop:
-		return "stop"
-	}
-	return "unknown"
-}
-
-func audienceName(r v1.WorkerRole) string {
-	switch r {
-	case v1.WorkerRole_WORKER_ROLE_TRAINER:
-		return "trainers"
-	case v1.WorkerRole_WORKER_ROLE_ENVIRONMENT:
-		return "environment workers"
-	}
-	return "all workers"
-}

@@ -36,7 +36,7 @@ func checkSafetySaves(s *v1.RunSpec) error {
 }
 
 // startSafetySave records the safety save of step, decided just now.
-func (m *mut) startSafetySave(step int64) {
+func (m safetyMut) startSafetySave(step int64) {
 	m.r.rec.SafetySaveStep = step
 	m.dirty()
 }
@@ -46,7 +46,7 @@ func (m *mut) startSafetySave(step int64) {
 // needed; else the snapshot, which a trainer-checkpoint snapshot already
 // is when the spec asks for those. It reports whether published should
 // issue one.
-func (m *mut) safetyCheckpointPublished(step int64) (snapshot bool) {
+func (m safetyMut) safetyCheckpointPublished(step int64) (snapshot bool) {
 	r := m.r
 	if r.rec.SafetySaveStep == 0 || step < r.rec.SafetySaveStep {
 		return false
@@ -61,12 +61,12 @@ func (m *mut) safetyCheckpointPublished(step int64) (snapshot bool) {
 // safetySavedBeforeAsked goes on with a safety save whose checkpoint was
 // published before the step was decided (ranks that checkpoint a step
 // before asking about it): no publication is still to come.
-func (m *mut) safetySavedBeforeAsked(st *storagev1.StepRecord) {
+func (m safetyMut) safetySavedBeforeAsked(st *storagev1.StepRecord) {
 	if st.Decision.GetAction() != v1.StepAction_STEP_ACTION_SAVE_AND_CONTINUE || !st.Published || m.r.fired() {
 		return
 	}
 	if m.safetyCheckpointPublished(st.Step) {
-		m.trySnapshot(v1.SnapshotReason_SNAPSHOT_REASON_TRAINER_CHECKPOINT, st.Step)
+		m.snapshots().trySnapshot(v1.SnapshotReason_SNAPSHOT_REASON_TRAINER_CHECKPOINT, st.Step)
 		m.safetySnapshotIssued(st.Step)
 	}
 }
@@ -74,9 +74,9 @@ func (m *mut) safetySavedBeforeAsked(st *storagev1.StepRecord) {
 // safetySnapshotIssued ends the safety save when its snapshot could not be
 // issued (another in flight, no environment worker live): it can never be
 // durable, and the policy may ask for another.
-func (m *mut) safetySnapshotIssued(step int64) {
-	if a := m.activeSnapshot(); a == nil || a.AnchorStep != step {
-		m.event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_WARNING, Step: step,
+func (m safetyMut) safetySnapshotIssued(step int64) {
+	if a := m.snapshots().activeSnapshot(); a == nil || a.AnchorStep != step {
+		m.log().event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_WARNING, Step: step,
 			Message: fmt.Sprintf("safety save of step %d: no snapshot could be issued, so it is not a durable save", step)})
 		m.endSafetySave()
 	}
@@ -84,7 +84,7 @@ func (m *mut) safetySnapshotIssued(step int64) {
 
 // safetySnapshotCompleted ends the safety save with its snapshot (or a
 // newer one), whatever the outcome.
-func (m *mut) safetySnapshotCompleted(s *v1.Snapshot) {
+func (m safetyMut) safetySnapshotCompleted(s *v1.Snapshot) {
 	if step := m.r.rec.SafetySaveStep; step != 0 && s.AnchorStep >= step {
 		m.endSafetySave()
 	}
@@ -92,7 +92,7 @@ func (m *mut) safetySnapshotCompleted(s *v1.Snapshot) {
 
 // endSafetySave: the safety save in flight is over (its checkpoint and
 // snapshot events say how); the policy may ask for another.
-func (m *mut) endSafetySave() {
+func (m safetyMut) endSafetySave() {
 	m.r.rec.SafetySaveStep = 0
 	m.dirty()
 }

@@ -22,25 +22,25 @@ func snapshotNum(id string) int64 {
 
 func snapshotID(n int64) string { return "snap-" + strconv.FormatInt(n, 10) }
 
-func (m *mut) snapshotTimeout() time.Duration {
+func (m snapshotMut) snapshotTimeout() time.Duration {
 	return time.Duration(m.r.rec.Run.Spec.RolloutCheckpointing.SnapshotTimeoutS) * time.Second
 }
 
-func (m *mut) activeSnapshot() *v1.Snapshot {
+func (m snapshotMut) activeSnapshot() *v1.Snapshot {
 	return m.r.snapshots[m.r.rec.ActiveSnapshotId]
 }
 
 // trySnapshot issues a snapshot outside the deadline unless one is in flight
 // or no environment worker is live; a skip is recorded as an event.
-func (m *mut) trySnapshot(reason v1.SnapshotReason, anchor int64) {
+func (m snapshotMut) trySnapshot(reason v1.SnapshotReason, anchor int64) {
 	skip := ""
 	if a := m.activeSnapshot(); a != nil {
 		skip = "snapshot " + a.SnapshotId + " is still in flight"
-	} else if len(m.liveWorkers(v1.WorkerRole_WORKER_ROLE_ENVIRONMENT)) == 0 {
+	} else if len(m.workers().liveWorkers(v1.WorkerRole_WORKER_ROLE_ENVIRONMENT)) == 0 {
 		skip = "no environment worker is live"
 	}
 	if skip != "" {
-		m.event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_SNAPSHOT_TICK_SKIPPED, Step: anchor,
+		m.log().event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_SNAPSHOT_TICK_SKIPPED, Step: anchor,
 			Message: fmt.Sprintf("%s snapshot skipped: %s", reasonName(reason), skip)})
 		return
 	}
@@ -49,7 +49,7 @@ func (m *mut) trySnapshot(reason v1.SnapshotReason, anchor int64) {
 
 // issueSnapshot records a snapshot expected from every live environment
 // worker and sends them the command.
-func (m *mut) issueSnapshot(reason v1.SnapshotReason, anchor int64, forced bool, mustFinish *timestamppb.Timestamp) *v1.Snapshot {
+func (m snapshotMut) issueSnapshot(reason v1.SnapshotReason, anchor int64, forced bool, mustFinish *timestamppb.Timestamp) *v1.Snapshot {
 	r := m.r
 	if a := m.activeSnapshot(); a != nil {
 		// Only the deadline snapshot can overtake another: it supersedes it.
@@ -60,14 +60,14 @@ func (m *mut) issueSnapshot(reason v1.SnapshotReason, anchor int64, forced bool,
 		SnapshotId: snapshotID(r.rec.LastSnapshotNum), Reason: reason, AnchorStep: anchor,
 		Forced: forced, IssuedAt: m.ts(), MustFinishBy: mustFinish,
 	}
-	for _, w := range m.liveWorkers(v1.WorkerRole_WORKER_ROLE_ENVIRONMENT) {
+	for _, w := range m.workers().liveWorkers(v1.WorkerRole_WORKER_ROLE_ENVIRONMENT) {
 		s.ExpectedWorkerIds = append(s.ExpectedWorkerIds, w.w.WorkerId)
 	}
 	r.snapshots[s.SnapshotId] = s
 	r.snapOrder = append(r.snapOrder, s)
 	r.rec.ActiveSnapshotId = s.SnapshotId
 	m.putSnapshot(s)
-	m.event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_SNAPSHOT_ISSUED, SnapshotId: s.SnapshotId, Step: anchor,
+	m.log().event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_SNAPSHOT_ISSUED, SnapshotId: s.SnapshotId, Step: anchor,
 		Message: fmt.Sprintf("%s snapshot %s issued to %d environment workers (anchor step %d)",
 			reasonName(reason), s.SnapshotId, len(s.ExpectedWorkerIds), anchor)})
 	cmd := &v1.Command{Kind: &v1.Command_Snapshot{Snapshot: &v1.SnapshotCommand{
@@ -76,43 +76,30 @@ func (m *mut) issueSnapshot(reason v1.SnapshotReason, anchor int64, forced bool,
 		cmd.Kind = &v1.Command_SaveAtDeadline{SaveAtDeadline: &v1.SaveAtDeadlineCommand{
 			SnapshotId: s.SnapshotId, AnchorStep: anchor, MustFinishBy: mustFinish}}
 	}
-	m.command(v1.WorkerRole_WORKER_ROLE_ENVIRONMENT, cmd)
+	m.log().command(v1.WorkerRole_WORKER_ROLE_ENVIRONMENT, cmd)
 	m.armSnapshotTimeout()
 	return s
 }
 
-func (m *mut) snapshotDeadline(s *v1.Snapshot) time.Time {
+func (m snapshotMut) snapshotDeadline(s *v1.Snapshot) time.Time {
 	if s.MustFinishBy != nil {
 		return s.MustFinishBy.AsTime()
 	}
 	return s.IssuedAt.AsTime().Add(m.snapshotTimeout())
 }
 
-func (m *mut) armSnapshotTimeout() {
+func (m snapshotMut) armSnapshotTimeout() {
 	s := m.activeSnapshot()
 	if s == nil {
 		m.disarm(timerSnapshot)
 		return
 	}
 	m.arm(timerSnapshot, m.afterGrace(m.snapshotDeadline(s)), func(m *mut) {
-		if a := m.activeSnapshot(); a == s {
-			m.completeSnapshot(s, v1.SnapshotOutcome_SNAPSHOT_OUTCOME_TIMEOUT,
-				"not every environment worker reported by "+m.snapshotDeadline(s).UTC().Format(time.RFC3339))
+		if a := m.snapshots().activeSnapshot(); a == s {
+			m.snapshots().completeSnapshot(s, v1.SnapshotOutcome_SNAPSHOT_OUTCOME_TIMEOUT,
+				"not every environment worker reported by "+m.snapshots().snapshotDeadline(s).UTC().Format(time.RFC3339))
 		}
 	})
-}
-
-// afterGrace is when a bound on reports (a snapshot's, the trainers' save)
-// that falls due at at is enforced: at, but after a restart not before the
-// restart grace ends. Ranks and workers that finished their save in time
-// retry the report the outage held up; judging it missing the moment the
-// coordinator is back would fail a run that saved, or time out a snapshot
-// that was taken, because the coordinator had crashed.
-func (m *mut) afterGrace(at time.Time) time.Time {
-	if at.Before(m.r.graceUntil) {
-		return m.r.graceUntil
-	}
-	return at
 }
 
 func (e *Engine) reportSnapshot(ctx context.Context, req *v1.ReportSnapshotRequest) (*v1.ReportSnapshotResponse, error) {
@@ -122,7 +109,7 @@ func (e *Engine) reportSnapshot(ctx context.Context, req *v1.ReportSnapshotReque
 		if err != nil {
 			return err
 		}
-		err = m.snapshotReport(ctx, w, req)
+		err = m.snapshots().snapshotReport(ctx, w, req)
 		state = m.r.state()
 		return err
 	})
@@ -132,7 +119,7 @@ func (e *Engine) reportSnapshot(ctx context.Context, req *v1.ReportSnapshotReque
 	return &v1.ReportSnapshotResponse{RunState: state}, nil
 }
 
-func (m *mut) snapshotReport(ctx context.Context, w *workerState, req *v1.ReportSnapshotRequest) error {
+func (m snapshotMut) snapshotReport(ctx context.Context, w *workerState, req *v1.ReportSnapshotRequest) error {
 	r := m.r
 	s := r.snapshots[req.SnapshotId]
 	if s == nil {
@@ -158,7 +145,7 @@ func (m *mut) snapshotReport(ctx context.Context, w *workerState, req *v1.Report
 	return nil
 }
 
-func (m *mut) newSnapshotReport(w *workerState, req *v1.ReportSnapshotRequest) *v1.SnapshotReport {
+func (m snapshotMut) newSnapshotReport(w *workerState, req *v1.ReportSnapshotRequest) *v1.SnapshotReport {
 	return &v1.SnapshotReport{WorkerId: w.w.WorkerId, Outcome: req.Outcome,
 		DurationSeconds: req.DurationSeconds, Message: oneLine(req.Message), ReportedAt: m.ts()}
 }
@@ -173,7 +160,7 @@ func errTerminalReport(r *runState) error {
 // of a stored report is accepted: the store is read once every earlier
 // commit of the run is done, so a retry racing its first attempt's commit
 // still finds it.
-func (m *mut) lateSnapshotReport(ctx context.Context, w *workerState, req *v1.ReportSnapshotRequest) error {
+func (m snapshotMut) lateSnapshotReport(ctx context.Context, w *workerState, req *v1.ReportSnapshotRequest) error {
 	r := m.r
 	if r.terminal() {
 		if err := m.e.wait(ctx, r.last); err != nil {
@@ -197,7 +184,7 @@ func (m *mut) lateSnapshotReport(ctx context.Context, w *workerState, req *v1.Re
 // every report, so it costs O(1) in the usual case rather than O(workers):
 // a 10,000-worker snapshot would otherwise cost 10^8 steps under the run's
 // lock.
-func (m *mut) checkSnapshotDone(s *v1.Snapshot) {
+func (m snapshotMut) checkSnapshotDone(s *v1.Snapshot) {
 	x := m.r.reportIndex(s)
 	if rep := x.invariant; rep != nil {
 		m.completeSnapshot(s, rep.Outcome, fmt.Sprintf("worker %s: %s", rep.WorkerId, clip(rep.Message, maxQuotedMessage)))
@@ -346,7 +333,7 @@ func workerStateName(w *workerState) string {
 }
 
 // completeSnapshot closes a snapshot and applies its outcome to the run.
-func (m *mut) completeSnapshot(s *v1.Snapshot, outcome v1.SnapshotOutcome, why string) {
+func (m snapshotMut) completeSnapshot(s *v1.Snapshot, outcome v1.SnapshotOutcome, why string) {
 	r := m.r
 	excused := outcome == v1.SnapshotOutcome_SNAPSHOT_OUTCOME_TIMEOUT && s.SnapshotId != r.rec.DeadlineSnapshotId &&
 		onlyGoneWorkersMissing(s, r.reportIndex(s).reported, r.workers)
@@ -357,9 +344,9 @@ func (m *mut) completeSnapshot(s *v1.Snapshot, outcome v1.SnapshotOutcome, why s
 	m.closeSnapshot(s, outcome, why)
 	if outcome == v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SAVED {
 		m.recordReserve(m.reserveSeconds(s, reported))
-		m.durableOnSnapshot(s)
+		m.history().durableOnSnapshot(s)
 	}
-	m.safetySnapshotCompleted(s)
+	m.safety().safetySnapshotCompleted(s)
 	if s.SnapshotId == r.rec.DeadlineSnapshotId {
 		m.finishDeadline(s)
 		return
@@ -371,7 +358,7 @@ func (m *mut) completeSnapshot(s *v1.Snapshot, outcome v1.SnapshotOutcome, why s
 
 // closeSnapshot records the snapshot's outcome and ends it as the one in
 // flight, without consequences for the run.
-func (m *mut) closeSnapshot(s *v1.Snapshot, outcome v1.SnapshotOutcome, why string) {
+func (m snapshotMut) closeSnapshot(s *v1.Snapshot, outcome v1.SnapshotOutcome, why string) {
 	r := m.r
 	s.CompletedAt = m.ts()
 	s.Outcome = outcome
@@ -388,7 +375,7 @@ func (m *mut) closeSnapshot(s *v1.Snapshot, outcome v1.SnapshotOutcome, why stri
 		m.disarm(timerSnapshot)
 	}
 	delete(r.reportIdx, s.SnapshotId)
-	m.event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_SNAPSHOT_COMPLETED, SnapshotId: s.SnapshotId, Step: s.AnchorStep,
+	m.log().event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_SNAPSHOT_COMPLETED, SnapshotId: s.SnapshotId, Step: s.AnchorStep,
 		Message: fmt.Sprintf("snapshot %s %s after %.3g s: %s", s.SnapshotId, outcomeName(outcome), s.DurationSeconds, why)})
 	runID, id, reason, dur := r.id, s.SnapshotId, s.Reason, s.DurationSeconds
 	m.observe(func(ctx context.Context) { m.e.obs.SnapshotCompleted(ctx, runID, id, reason, outcome, dur) })
@@ -422,7 +409,7 @@ func onlyGoneWorkersMissing(s *v1.Snapshot, reported map[string]*v1.SnapshotRepo
 // duration a worker reported. The outage, and the command's delivery after
 // it, are no part of what a save takes, and would make every deadline fire
 // that much earlier for the next reserve window.
-func (m *mut) reserveSeconds(s *v1.Snapshot, reported float64) float64 {
+func (m snapshotMut) reserveSeconds(s *v1.Snapshot, reported float64) float64 {
 	if s.IssuedAt.AsTime().Before(m.r.loadedAt) {
 		return reported
 	}
@@ -438,19 +425,19 @@ func longestReport(s *v1.Snapshot) float64 {
 }
 
 // recordReserve feeds R: the window keeps the latest SAVED durations.
-func (m *mut) recordReserve(sec float64) {
+func (m snapshotMut) recordReserve(sec float64) {
 	r := m.r
 	w := int(r.rec.Run.Spec.Reserve.Window)
 	r.rec.SavedSnapshotSeconds = append(r.rec.SavedSnapshotSeconds, sec)
 	if n := len(r.rec.SavedSnapshotSeconds); n > w {
 		r.rec.SavedSnapshotSeconds = append([]float64(nil), r.rec.SavedSnapshotSeconds[n-w:]...)
 	}
-	m.recordSnapshot(sec)
+	m.history().recordSnapshot(sec)
 	m.dirty()
-	m.armPreStep() // R moved, and with it the pre-step deadline
+	m.steps().armPreStep() // R moved, and with it the pre-step deadline
 }
 
-func (m *mut) countFailures(s *v1.Snapshot) {
+func (m snapshotMut) countFailures(s *v1.Snapshot) {
 	r := m.r
 	limit := r.rec.Run.Spec.RolloutCheckpointing.MaxConsecutiveFailures
 	switch s.Outcome {
@@ -471,29 +458,9 @@ func (m *mut) countFailures(s *v1.Snapshot) {
 	m.dirty()
 }
 
-// finishDeadline ends the deadline sequence from its snapshot's outcome.
-func (m *mut) finishDeadline(s *v1.Snapshot) {
-	switch s.Outcome {
-	case v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SAVED:
-		m.terminate(v1.RunState_RUN_STATE_STOPPED, fmt.Sprintf("deadline save complete: checkpoint of step %d and snapshot %s saved", s.AnchorStep, s.SnapshotId))
-	case v1.SnapshotOutcome_SNAPSHOT_OUTCOME_INVARIANT_FAILURE:
-		m.failRun("invariant failure in deadline snapshot " + s.SnapshotId + ": " + s.Message)
-	default:
-		m.event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_WARNING, SnapshotId: s.SnapshotId, Step: s.AnchorStep,
-			Message: fmt.Sprintf("deadline snapshot %s %s (%s); the trainer checkpoint of step %d is durable, so checkpoint state is consistent",
-				s.SnapshotId, outcomeName(s.Outcome), s.Message, s.AnchorStep)})
-		m.terminate(v1.RunState_RUN_STATE_STOPPED, fmt.Sprintf("deadline save ended with snapshot %s %s", s.SnapshotId, outcomeName(s.Outcome)))
-	}
-}
-
-func (m *mut) failRun(msg string) {
-	m.r.rec.Run.FailureMessage = msg
-	m.terminate(v1.RunState_RUN_STATE_FAILED, msg)
-}
-
 // armInterval arms the next interval snapshot. fresh restarts the period
 // (a new run); otherwise the stored due time stands (a restart).
-func (m *mut) armInterval(fresh bool) {
+func (m snapshotMut) armInterval(fresh bool) {
 	r := m.r
 	iv := r.rec.Run.Spec.RolloutCheckpointing.SnapshotAttemptIntervalS
 	if iv == nil || r.fired() || r.terminal() {
@@ -509,8 +476,8 @@ func (m *mut) armInterval(fresh bool) {
 		if m.r.fired() || m.r.terminal() {
 			return
 		}
-		m.trySnapshot(v1.SnapshotReason_SNAPSHOT_REASON_INTERVAL, m.r.rec.Run.LastPublishedStep)
-		m.armInterval(true)
+		m.snapshots().trySnapshot(v1.SnapshotReason_SNAPSHOT_REASON_INTERVAL, m.r.rec.Run.LastPublishedStep)
+		m.snapshots().armInterval(true)
 	})
 }
 
@@ -521,3 +488,5 @@ func reasonName(r v1.SnapshotReason) string {
 func outcomeName(o v1.SnapshotOutcome) string {
 	return enumtext.Name(o)
 }
+
+func (m snapshotMut) putSnapshot(s *v1.Snapshot) { m.b.PutSnapshot(m.r.id, s) }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
 	storagev1 "github.com/snapcoord/snapcoord/api/snapcoord/storage/v1"
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
@@ -18,7 +17,7 @@ func (e *Engine) completeStep(ctx context.Context, req *v1.CompleteStepRequest) 
 			return err
 		}
 		var err error
-		d, err = m.completeStep(ctx, req.Step, req.IterationSeconds)
+		d, err = m.steps().completeStep(ctx, req.Step, req.IterationSeconds)
 		return err
 	})
 	if err != nil {
@@ -30,7 +29,7 @@ func (e *Engine) completeStep(ctx context.Context, req *v1.CompleteStepRequest) 
 // completeStep records the iteration and returns the step's decision: the
 // stored one if a rank already asked, else a new one, stored before any rank
 // hears it. A terminal run answers STOP without recording anything.
-func (m *mut) completeStep(ctx context.Context, step int64, iterSeconds float64) (*v1.Decision, error) {
+func (m stepMut) completeStep(ctx context.Context, step int64, iterSeconds float64) (*v1.Decision, error) {
 	r := m.r
 	st, err := m.step(ctx, step)
 	if err != nil {
@@ -59,20 +58,17 @@ func (m *mut) completeStep(ctx context.Context, step int64, iterSeconds float64)
 	if step > r.rec.Run.LastStep {
 		r.rec.Run.LastStep = step
 	}
-	if r.state() == v1.RunState_RUN_STATE_PENDING {
-		m.disarm(timerPreStep) // the first step overtook the pre-step deadline
-		m.setState(v1.RunState_RUN_STATE_RUNNING, fmt.Sprintf("step %d completed", step))
-	}
+	m.firstStep(step)
 	st.Decision = m.decide(step)
 	m.putStep(st)
 	m.trimSteps()
 	d := st.Decision
-	m.event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_DECISION, Step: step, Decision: d,
+	m.log().event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_DECISION, Step: step, Decision: d,
 		Message: fmt.Sprintf("step %d: %s", step, d.Explanation)})
 	runID := m.r.id
 	m.observe(func(ctx context.Context) { m.e.obs.Decision(ctx, runID, step, d.Action) })
 	m.savedBeforeAsked(st)
-	m.safetySavedBeforeAsked(st)
+	m.safety().safetySavedBeforeAsked(st)
 	return d, nil
 }
 
@@ -91,13 +87,13 @@ func (r *runState) reachable(step int64) error {
 	return errorf(ErrFailedPrecondition, "step: %d is more than one past the run's last step %d: ranks ask about every step, in order", step, last)
 }
 
-func (m *mut) observeIteration(st *storagev1.StepRecord, sec float64) {
+func (m stepMut) observeIteration(st *storagev1.StepRecord, sec float64) {
 	if sec <= st.MaxIterationSeconds {
 		return
 	}
 	st.MaxIterationSeconds = sec
 	m.putStep(st)
-	m.recordIteration(st.Step, sec)
+	m.history().recordIteration(st.Step, sec)
 	if sec > m.r.rec.MaxIterationSeconds {
 		m.r.rec.MaxIterationSeconds = sec
 		m.dirty()
@@ -106,9 +102,9 @@ func (m *mut) observeIteration(st *storagev1.StepRecord, sec float64) {
 
 // decide applies the rule to a step no rank asked about yet, and fires the
 // deadline if it says so.
-func (m *mut) decide(step int64) *v1.Decision {
+func (m stepMut) decide(step int64) *v1.Decision {
 	r := m.r
-	m.decidedLate(step, fmt.Sprintf("step %d was decided", step))
+	m.missed().decidedLate(step, fmt.Sprintf("step %d was decided", step))
 	p, o := m.e.policyOf(r), r.observations(step)
 	est := p.Estimate(o)
 	d := &v1.Decision{Step: step, DecidedAt: m.ts(), Inputs: m.e.deadlineOf(r, est)}
@@ -142,7 +138,7 @@ func (m *mut) decide(step int64) *v1.Decision {
 			m.fire(v1.DeadlineFireKind_DEADLINE_FIRE_KIND_STEP, step, v.Explanation)
 		case v.SafetySave:
 			d.Action = v1.StepAction_STEP_ACTION_SAVE_AND_CONTINUE
-			m.startSafetySave(step)
+			m.safety().startSafetySave(step)
 		}
 	}
 	return d
@@ -155,30 +151,9 @@ func firedWhere(r *runState) string {
 	return fmt.Sprintf("at step %d", r.rec.Run.FiredAtStep)
 }
 
-// fire records that the deadline fired. At a step the trainers now save; the
-// deadline snapshot follows their checkpoint (startDeadlineSave).
-func (m *mut) fire(kind v1.DeadlineFireKind, step int64, why string) {
-	r := m.r
-	r.rec.Run.FiredAt = m.ts()
-	r.rec.Run.FireKind = kind
-	r.rec.Run.FiredAtStep = step
-	r.rec.ManualFirePending = false
-	m.decidedLate(step, "the deadline fired "+firedWhere(r))
-	m.disarm(timerPreStep)
-	m.disarm(timerInterval)
-	m.event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_DEADLINE_FIRED, Step: step,
-		Message: "deadline fired " + firedWhere(r) + ": " + why})
-	runID := r.id
-	m.observe(func(ctx context.Context) { m.e.obs.DeadlineFired(ctx, runID, step, kind) })
-	if step > 0 {
-		m.setState(v1.RunState_RUN_STATE_SAVING, fmt.Sprintf("trainer ranks save the checkpoint of step %d", step))
-		m.armSaveTimeout()
-	}
-}
-
 // armPreStep arms the pre-step deadline: with snapshots enabled and no step
 // completed, the bootstrap state is saved at B - (C + R + M).
-func (m *mut) armPreStep() {
+func (m stepMut) armPreStep() {
 	r := m.r
 	b, ok := r.mustSaveBy()
 	if !ok || r.fired() || r.state() != v1.RunState_RUN_STATE_PENDING || !snapshotsEnabled(r.rec.Run.Spec) {
@@ -199,26 +174,52 @@ func (m *mut) armPreStep() {
 	})
 }
 
-// startDeadlineSave runs once the fired step's checkpoint is published (or
-// at once before the first step): the forced deadline snapshot if snapshots
-// are enabled, else the run stops.
-func (m *mut) startDeadlineSave(anchor int64) {
+func (m stepMut) putStep(s *storagev1.StepRecord) {
+	m.r.steps[s.Step] = s
+	m.b.PutStep(m.r.id, s)
+}
+
+// stepsKept is how many of a run's latest steps stay in memory. Ranks ask
+// about the latest step, and report checkpoints of recent ones; a run that
+// steps every second for three days has 260,000 steps, which would
+// otherwise all stay in memory for the life of the process (about 600 bytes
+// each, with their decisions).
+const stepsKept = 64
+
+// step returns the run's record of step; nil if it has none. A step older
+// than the ones kept in memory is read from the store once every commit of
+// the run is done, so the read finds the latest put of it.
+func (m stepMut) step(ctx context.Context, step int64) (*storagev1.StepRecord, error) {
 	r := m.r
-	if !snapshotsEnabled(r.rec.Run.Spec) {
-		if anchor == 0 {
-			m.terminate(v1.RunState_RUN_STATE_STOPPED, "deadline fired before the first step; nothing to save")
-			return
-		}
-		m.terminate(v1.RunState_RUN_STATE_STOPPED, fmt.Sprintf("deadline save complete: checkpoint of step %d published", anchor))
+	if st, ok := r.steps[step]; ok || step > r.stepsOnDiskThrough {
+		return st, nil
+	}
+	if err := m.e.wait(ctx, r.last); err != nil {
+		return nil, err
+	}
+	st, err := m.e.st.Step(r.id, step)
+	if err != nil {
+		return nil, fmt.Errorf("run %q: %w", r.id, err)
+	}
+	if st != nil {
+		r.steps[step] = st
+	}
+	return st, nil
+}
+
+// trimSteps drops the steps older than the latest stepsKept from memory,
+// once twice that many are held; their records stay in the store. The
+// step the deadline fired at stays: its save is what the run waits for.
+func (m stepMut) trimSteps() {
+	r := m.r
+	if len(r.steps) <= 2*stepsKept {
 		return
 	}
-	m.disarm(timerSave) // the trainers' part is done
-	m.setState(v1.RunState_RUN_STATE_SNAPSHOTTING, fmt.Sprintf("environment workers save the deadline snapshot (anchor step %d)", anchor))
-	mustFinish := m.now.Add(m.snapshotTimeout())
-	if b, ok := r.mustSaveBy(); ok && b.After(m.now) {
-		mustFinish = b
+	through := r.rec.Run.LastStep - stepsKept
+	for s := range r.steps {
+		if s <= through && s != r.rec.Run.FiredAtStep {
+			delete(r.steps, s)
+		}
 	}
-	s := m.issueSnapshot(v1.SnapshotReason_SNAPSHOT_REASON_DEADLINE, anchor, true, timestamppb.New(mustFinish))
-	r.rec.DeadlineSnapshotId = s.SnapshotId
-	m.checkSnapshotDone(s)
+	r.stepsOnDiskThrough = max(r.stepsOnDiskThrough, through)
 }

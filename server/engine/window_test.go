@@ -126,9 +126,9 @@ func TestOldStepReadWaitsForItsPut(t *testing.T) {
 	// leaves memory, as trimSteps drops it.
 	r.mu.Lock()
 	m := &mut{e: h.e, r: r, now: h.clk.Now()}
-	st, err := m.step(h.ctx, 5)
+	st, err := m.steps().step(h.ctx, 5)
 	if err == nil {
-		err = m.checkpointSaved(5, st, 0, 1)
+		err = m.steps().checkpointSaved(5, st, 0, 1)
 	}
 	m.flush()
 	delete(r.steps, 5)

@@ -76,7 +76,7 @@ func roleName(r v1.WorkerRole) string {
 	return "environment workers"
 }
 
-func (m *mut) liveWorkers(role v1.WorkerRole) []*workerState {
+func (m workerMut) liveWorkers(role v1.WorkerRole) []*workerState {
 	var out []*workerState
 	for _, w := range m.r.workers {
 		if w.w.Role == role && w.w.State == v1.WorkerState_WORKER_STATE_LIVE {
@@ -93,7 +93,7 @@ func (e *Engine) registerWorker(ctx context.Context, req *v1.RegisterWorkerReque
 		LeaseTtl:          durationpb.New(e.opts.LeaseTTL),
 	}
 	err := e.mutate(ctx, req.RunId, func(m *mut) error {
-		w, err := m.register(req)
+		w, err := m.workers().register(req)
 		if err != nil {
 			return err
 		}
@@ -108,7 +108,7 @@ func (e *Engine) registerWorker(ctx context.Context, req *v1.RegisterWorkerReque
 	return resp, nil
 }
 
-func (m *mut) register(req *v1.RegisterWorkerRequest) (*workerState, error) {
+func (m workerMut) register(req *v1.RegisterWorkerRequest) (*workerState, error) {
 	r := m.r
 	// A superseded process hears so whatever the run's state: it must stop,
 	// not take "the run is over" for a reason to try again.
@@ -152,7 +152,7 @@ func (m *mut) register(req *v1.RegisterWorkerRequest) (*workerState, error) {
 	w.w.RegisteredAt = m.ts()
 	m.renewLease(w, m.e.opts.LeaseTTL)
 	m.putWorker(w)
-	m.event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_WORKER_REGISTERED, WorkerId: w.w.WorkerId,
+	m.log().event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_WORKER_REGISTERED, WorkerId: w.w.WorkerId,
 		Message: fmt.Sprintf("%s %q registered as %s (incarnation %d)", roleWord(w.w), w.w.Name, w.w.WorkerId, w.w.Incarnation)})
 	return w, nil
 }
@@ -214,7 +214,7 @@ func workerID(runID string, n int64) string {
 
 // checkRank: a trainer's rank is within the world and not held by another
 // live process; a re-register keeps its role and rank.
-func (m *mut) checkRank(req *v1.RegisterWorkerRequest) error {
+func (m workerMut) checkRank(req *v1.RegisterWorkerRequest) error {
 	r := m.r
 	if req.Role == v1.WorkerRole_WORKER_ROLE_ENVIRONMENT && req.Rank != 0 {
 		return errorf(ErrInvalidArgument, "rank: must be 0 for WORKER_ROLE_ENVIRONMENT")
@@ -241,7 +241,7 @@ func (m *mut) checkRank(req *v1.RegisterWorkerRequest) error {
 // name held (checkRank made sure that one is not live). The run's live
 // workers do not grow, so max_workers_per_run does not apply: a limit sized
 // to the job must not stop a rank restarting on another node.
-func (m *mut) takesOverRank(req *v1.RegisterWorkerRequest) bool {
+func (m workerMut) takesOverRank(req *v1.RegisterWorkerRequest) bool {
 	if req.Role != v1.WorkerRole_WORKER_ROLE_TRAINER {
 		return false
 	}
@@ -255,7 +255,7 @@ func (m *mut) takesOverRank(req *v1.RegisterWorkerRequest) bool {
 
 // releaseRank retires a lost or departed holder of the rank taken over by a
 // process with another name (a rank restarted on another node).
-func (m *mut) releaseRank(req *v1.RegisterWorkerRequest, taker *workerState) {
+func (m workerMut) releaseRank(req *v1.RegisterWorkerRequest, taker *workerState) {
 	if req.Role != v1.WorkerRole_WORKER_ROLE_TRAINER {
 		return
 	}
@@ -275,7 +275,7 @@ func roleWord(w *v1.Worker) string {
 }
 
 // renewLease extends the lease in memory and makes sure a timer will check it.
-func (m *mut) renewLease(w *workerState, ttl time.Duration) {
+func (m workerMut) renewLease(w *workerState, ttl time.Duration) {
 	w.lease = m.now.Add(ttl)
 	w.w.LeaseExpiresAt = timestamppb.New(w.lease)
 	if w.timer == nil {
@@ -286,7 +286,7 @@ func (m *mut) renewLease(w *workerState, ttl time.Duration) {
 // armLease checks the lease when it may have lapsed. Heartbeats only move
 // w.lease; the timer re-arms itself for the remainder, so a heartbeat costs
 // no timer operation.
-func (m *mut) armLease(w *workerState, d time.Duration) {
+func (m workerMut) armLease(w *workerState, d time.Duration) {
 	r, e := m.r, m.e
 	var t clock.Timer
 	t = e.clk.AfterFunc(d, func() {
@@ -304,31 +304,31 @@ func (m *mut) armLease(w *workerState, d time.Duration) {
 				return
 			}
 			if left := w.lease.Sub(m.now); left > 0 {
-				m.armLease(w, left)
+				m.workers().armLease(w, left)
 				return
 			}
-			m.lose(w)
+			m.workers().lose(w)
 		})
 	})
 	w.timer = t
 }
 
-func (m *mut) lose(w *workerState) {
+func (m workerMut) lose(w *workerState) {
 	w.w.State = v1.WorkerState_WORKER_STATE_LOST
 	m.putWorker(w)
-	m.event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_WORKER_LOST, WorkerId: w.w.WorkerId,
+	m.log().event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_WORKER_LOST, WorkerId: w.w.WorkerId,
 		Message: fmt.Sprintf("%s %q (%s) lost: no heartbeat for %s", roleWord(w.w), w.w.Name, w.w.WorkerId, m.e.opts.LeaseTTL)})
 	m.workerGone()
 }
 
-func (m *mut) leave(w *workerState, why string) {
+func (m workerMut) leave(w *workerState, why string) {
 	if w.timer != nil {
 		w.timer.Stop()
 		w.timer = nil
 	}
 	w.w.State = v1.WorkerState_WORKER_STATE_LEFT
 	m.putWorker(w)
-	m.event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_WORKER_LEFT, WorkerId: w.w.WorkerId,
+	m.log().event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_WORKER_LEFT, WorkerId: w.w.WorkerId,
 		Message: fmt.Sprintf("%s %q (%s) left: %s", roleWord(w.w), w.w.Name, w.w.WorkerId, why)})
 	m.workerGone()
 }
@@ -336,9 +336,9 @@ func (m *mut) leave(w *workerState, why string) {
 // workerGone lets a snapshot that only waited for a departed worker finish.
 // A terminal run has none in flight; a data file written before terminate
 // closed it may still name one, which must stay as it is.
-func (m *mut) workerGone() {
-	if s := m.activeSnapshot(); s != nil && !m.r.terminal() {
-		m.checkSnapshotDone(s)
+func (m workerMut) workerGone() {
+	if s := m.snapshots().activeSnapshot(); s != nil && !m.r.terminal() {
+		m.snapshots().checkSnapshotDone(s)
 	}
 }
 
@@ -354,11 +354,11 @@ func (e *Engine) heartbeat(ctx context.Context, req *v1.HeartbeatRequest) (*v1.H
 		}
 		if w.w.State == v1.WorkerState_WORKER_STATE_LOST && !m.r.terminal() {
 			w.w.State = v1.WorkerState_WORKER_STATE_LIVE
-			m.putWorker(w)
-			m.event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_WORKER_REGISTERED, WorkerId: w.w.WorkerId,
+			m.workers().putWorker(w)
+			m.log().event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_WORKER_REGISTERED, WorkerId: w.w.WorkerId,
 				Message: fmt.Sprintf("%s %q (%s) is back after being lost", roleWord(w.w), w.w.Name, w.w.WorkerId)})
 		}
-		m.renewLease(w, m.e.opts.LeaseTTL)
+		m.workers().renewLease(w, m.e.opts.LeaseTTL)
 		resp.RunState, resp.LeaseExpiresAt = m.r.state(), w.w.LeaseExpiresAt
 		return nil
 	})
@@ -374,7 +374,7 @@ func (e *Engine) deregisterWorker(ctx context.Context, req *v1.DeregisterWorkerR
 		if err != nil || w.w.State == v1.WorkerState_WORKER_STATE_LEFT {
 			return err
 		}
-		m.leave(w, "deregistered")
+		m.workers().leave(w, "deregistered")
 		return nil
 	})
 	if err != nil {
@@ -454,4 +454,16 @@ func decodeWorkerToken(tok string) (*workerKey, error) {
 		return nil, err
 	}
 	return &k, nil
+}
+
+func (m workerMut) putWorker(w *workerState) { m.b.PutWorker(m.r.id, w.w) }
+
+// rankName is "3" or, when a worker holds the rank, `3 (w4-…, "rank-3", LOST)`.
+func (m workerMut) rankName(rank int32) string {
+	for _, w := range m.r.workers {
+		if w.w.Role == v1.WorkerRole_WORKER_ROLE_TRAINER && w.w.Rank == rank && w.w.State != v1.WorkerState_WORKER_STATE_LEFT {
+			return fmt.Sprintf("%d (%s, %q, %s)", rank, w.w.WorkerId, w.w.Name, workerStateName(w))
+		}
+	}
+	return fmt.Sprintf("%d (never registered)", rank)
 }

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"net"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -19,113 +17,70 @@ import (
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 	"github.com/snapcoord/snapcoord/client"
-	"github.com/snapcoord/snapcoord/server/auth"
-	"github.com/snapcoord/snapcoord/server/engine"
-	"github.com/snapcoord/snapcoord/server/grpcserver"
-	"github.com/snapcoord/snapcoord/store"
+	coord "github.com/snapcoord/snapcoord/coordinator"
+	"github.com/snapcoord/snapcoord/coordinator/coordtest"
+	"github.com/snapcoord/snapcoord/internal/spectest"
 )
 
 // The worker helper runs goroutines; after Close none may be left.
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// coordinator is a real snapcoord server in this process: bbolt in a temp
-// dir, the engine, the gRPC server on a loopback port that stays the same
-// across restarts, plus a gate that tests use to count, fail or record calls.
+// coordinator is the assembled snapcoord coordinator in this process (the
+// production interceptor chain, bbolt in a temp dir) on a loopback port that
+// stays the same across restarts, plus a gate in front of it that tests use
+// to count, fail or record calls.
 type coordinator struct {
 	t    *testing.T
-	dir  string
+	cfg  coord.Config
 	addr string
-	opts engine.Options
-	cfg  grpcserver.Config
 	gate *gate
 
-	mu   sync.Mutex
-	stop func() // shuts down the running instance; nil when stopped
+	mu       sync.Mutex
+	instance *coordtest.Instance // nil when stopped
 }
 
 // adminToken opens RunService on test coordinators.
-const adminToken = "admin-token"
-
-// coordinatorOptions are short enough for leases to lapse within a test.
-var coordinatorOptions = engine.Options{
-	HeartbeatInterval: 100 * time.Millisecond,
-	LeaseTTL:          500 * time.Millisecond,
-	MaxPollWait:       2 * time.Second,
-}
+const adminToken = "client-tests-admin-token"
 
 func startCoordinator(t *testing.T) *coordinator {
 	t.Helper()
-	return startCoordinatorWith(t, grpcserver.Config{})
+	return startCoordinatorWith(t, nil)
 }
 
-func startCoordinatorWith(t *testing.T, cfg grpcserver.Config) *coordinator {
+// startCoordinatorWith adds opts (TLS credentials) to the gRPC server's.
+func startCoordinatorWith(t *testing.T, opts []grpc.ServerOption) *coordinator {
 	t.Helper()
 	g := newGate()
-	cfg.UnaryInterceptors = append([]grpc.UnaryServerInterceptor{g.unary}, cfg.UnaryInterceptors...)
-	cfg.StreamInterceptors = append([]grpc.StreamServerInterceptor{g.stream}, cfg.StreamInterceptors...)
-	c := &coordinator{t: t, dir: t.TempDir(), opts: coordinatorOptions, cfg: cfg, gate: g}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("listen: %v", err)
-	}
-	c.addr = lis.Addr().String()
-	c.serve(lis)
+	cfg := coordtest.Config(t.TempDir())
+	cfg.AdminTokens = []string{adminToken}
+	// Short enough for leases to lapse within a test.
+	cfg.HeartbeatInterval, cfg.LeaseTTL, cfg.Test.MaxPollWait = 100*time.Millisecond, 500*time.Millisecond, 2*time.Second
+	cfg.Test.UnaryInterceptors = []grpc.UnaryServerInterceptor{g.unary}
+	cfg.Test.StreamInterceptors = []grpc.StreamServerInterceptor{g.stream}
+	cfg.Test.ServerOptions = opts
+	c := &coordinator{t: t, cfg: cfg, gate: g}
+	c.serve()
+	c.addr = c.instance.Addr()
+	c.cfg.Listen = c.addr
 	t.Cleanup(c.shutdown)
 	return c
 }
 
-// serve starts an instance on lis over the data directory.
-func (c *coordinator) serve(lis net.Listener) {
-	t := c.t
-	logger := slog.New(slog.DiscardHandler)
-	db, err := store.Open(filepath.Join(c.dir, "snapcoord.db"), store.Options{})
-	if err != nil {
-		t.Fatalf("store.Open: %v", err)
-	}
-	opts := c.opts
-	opts.Logger = logger
-	eng, err := engine.New(context.Background(), db, opts)
-	if err != nil {
-		t.Fatalf("engine.New: %v", err)
-	}
-	authn, err := auth.New(auth.Options{AdminTokens: []string{adminToken}, Runs: eng})
-	if err != nil {
-		t.Fatalf("auth.New: %v", err)
-	}
-	cfg := c.cfg
-	cfg.UnaryInterceptors = append(append([]grpc.UnaryServerInterceptor{}, cfg.UnaryInterceptors...), authn.UnaryServerInterceptor())
-	cfg.StreamInterceptors = append(append([]grpc.StreamServerInterceptor{}, cfg.StreamInterceptors...), authn.StreamServerInterceptor())
-	srv, err := grpcserver.New(cfg, eng, logger)
-	if err != nil {
-		t.Fatalf("grpcserver.New: %v", err)
-	}
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(lis) }()
+// serve starts an instance over the data directory.
+func (c *coordinator) serve() {
+	in := coordtest.Serve(c.t, c.cfg)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.stop = func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := srv.Shutdown(ctx); err != nil {
-			t.Errorf("Shutdown: %v", err)
-		}
-		if err := <-served; err != nil {
-			t.Errorf("Serve: %v", err)
-		}
-		eng.Close()
-		if err := db.Close(); err != nil {
-			t.Errorf("store Close: %v", err)
-		}
-	}
+	c.instance = in
 }
 
 func (c *coordinator) shutdown() {
 	c.mu.Lock()
-	stop := c.stop
-	c.stop = nil
+	in := c.instance
+	c.instance = nil
 	c.mu.Unlock()
-	if stop != nil {
-		stop()
+	if in != nil {
+		in.Stop()
 	}
 }
 
@@ -133,11 +88,7 @@ func (c *coordinator) shutdown() {
 // directory and address, as a restarted process would.
 func (c *coordinator) restart() {
 	c.shutdown()
-	lis, err := net.Listen("tcp", c.addr)
-	if err != nil {
-		c.t.Fatalf("listen again on %s: %v", c.addr, err)
-	}
-	c.serve(lis)
+	c.serve()
 }
 
 // dial returns a client with the admin token and the run token (may be
@@ -241,13 +192,7 @@ func (g *gate) set(f func(g *gate)) {
 
 // turnSpec: environment snapshots on, a deadline an hour away, so nothing
 // fires unless a test fires it.
-func turnSpec(worldSize int32) *v1.RunSpec {
-	return &v1.RunSpec{
-		TrainerWorldSize: worldSize,
-		Checkpointing:    &v1.CheckpointingSpec{CheckpointMustSaveBy: "00:01:00:00"},
-		RolloutRecovery:  &v1.RolloutRecoverySpec{TargetLevel: v1.TargetLevel_TARGET_LEVEL_TURN},
-	}
-}
+func turnSpec(worldSize int32) *v1.RunSpec { return spectest.Turn(worldSize, "00:01:00:00") }
 
 // createRun creates a run and returns a client holding its token.
 func (c *coordinator) createRun(id string, spec *v1.RunSpec) *client.Client {

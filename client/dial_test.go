@@ -16,7 +16,6 @@ import (
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 	"github.com/snapcoord/snapcoord/client"
 	"github.com/snapcoord/snapcoord/internal/testpki"
-	"github.com/snapcoord/snapcoord/server/grpcserver"
 )
 
 var fastRetry = client.WithRetry(client.RetryPolicy{MaxAttempts: 3, Base: time.Millisecond, Max: 5 * time.Millisecond})
@@ -121,7 +120,7 @@ func TestDialMutualTLS(t *testing.T) {
 		Certificates: []tls.Certificate{pki.server}, ClientCAs: pki.pool,
 		ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS12,
 	}
-	co := startCoordinatorWith(t, grpcserver.Config{ServerOptions: []grpc.ServerOption{grpc.Creds(credentials.NewTLS(serverTLS))}})
+	co := startCoordinatorWith(t, []grpc.ServerOption{grpc.Creds(credentials.NewTLS(serverTLS))})
 	noRetry := client.WithRetry(client.RetryPolicy{MaxAttempts: 1})
 	good := client.TLS{CAFile: pki.caFile, CertFile: pki.certFile, KeyFile: pki.keyFile, ServerName: "snapcoord.test"}
 

@@ -330,7 +330,7 @@ func TestWorkerPollWaitInWholeSeconds(t *testing.T) {
 			}
 			t.Cleanup(func() { closeWorker(t, w) })
 
-			// Ten heartbeats take a second at least (coordinatorOptions):
+			// Ten heartbeats take a second at least (startCoordinatorWith):
 			// two or three polls, each waiting for a command.
 			awaitHeartbeats(t, co.gate, w, 10)
 			if n := co.gate.count("PollCommands"); n > 10 {

@@ -9,7 +9,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
-	"github.com/snapcoord/snapcoord/server/engine"
+	"github.com/snapcoord/snapcoord/coordinator"
 )
 
 // The whole deadline sequence over a real server: 4 trainer ranks and 8
@@ -19,7 +19,7 @@ import (
 // exactly once; Stop reaches all twelve workers; the run ends STOPPED.
 func TestDeadlineScenario(t *testing.T) {
 	ctx := testContext(t)
-	srv := startInproc(t, engine.Options{})
+	srv := startInproc(t, nil)
 	r := newCluster(t, srv.addr).createRun(ctx, "scenario", deadlineSpec(4, time.Now().Add(time.Hour), false))
 	ranks := r.trainers(ctx, 4)
 	envs := r.envs(ctx, 8)
@@ -162,7 +162,7 @@ func TestDeadlineScenario(t *testing.T) {
 // or after the command was sent, and both must give the same log.
 func TestStreamReconnectMissesNothing(t *testing.T) {
 	ctx := testContext(t)
-	srv := startInproc(t, engine.Options{})
+	srv := startInproc(t, nil)
 	r := newCluster(t, srv.addr).createRun(ctx, "reconnect", deadlineSpec(1, time.Now().Add(time.Hour), true))
 	rank := r.trainers(ctx, 1)[0]
 	envs := r.envs(ctx, 3)
@@ -273,7 +273,7 @@ func TestStreamReconnectMissesNothing(t *testing.T) {
 // cap, whatever wait_seconds asks.
 func TestPollCommandsWaits(t *testing.T) {
 	ctx := testContext(t)
-	srv := startInproc(t, engine.Options{})
+	srv := startInproc(t, nil)
 	r := newCluster(t, srv.addr).createRun(ctx, "poll", deadlineSpec(1, time.Now().Add(time.Hour), false))
 	rank := r.trainers(ctx, 1)[0]
 	env := r.envs(ctx, 1)[0]
@@ -310,7 +310,7 @@ func TestPollCommandsWaits(t *testing.T) {
 
 	// Nothing pending and a server capped at 200ms: wait_seconds 3600 ends
 	// empty after about the cap.
-	capped := startInproc(t, engine.Options{MaxPollWait: 200 * time.Millisecond})
+	capped := startInproc(t, func(c *coordinator.Config) { c.Test.MaxPollWait = 200 * time.Millisecond })
 	r2 := newCluster(t, capped.addr).createRun(ctx, "capped", deadlineSpec(1, time.Now().Add(time.Hour), false))
 	env2 := r2.envs(ctx, 1)[0]
 	start := time.Now()
@@ -329,7 +329,7 @@ func TestPollCommandsWaits(t *testing.T) {
 // polls spin while the last report of the deadline snapshot commits.
 func TestPollNeverTellsTerminalBeforeStop(t *testing.T) {
 	ctx := testContext(t)
-	srv := startInproc(t, engine.Options{})
+	srv := startInproc(t, nil)
 	for round := range 5 {
 		r := newCluster(t, srv.addr).createRun(ctx, fmt.Sprintf("spin-%d", round), deadlineSpec(1, time.Now().Add(time.Hour), false))
 		rank := r.trainers(ctx, 1)[0]
@@ -358,7 +358,7 @@ func TestPollNeverTellsTerminalBeforeStop(t *testing.T) {
 // PUBLISHED report then starts the deadline snapshot.
 func TestPublishCheckpointReachesEveryRank(t *testing.T) {
 	ctx := testContext(t)
-	srv := startInproc(t, engine.Options{})
+	srv := startInproc(t, nil)
 	spec := deadlineSpec(3, time.Now().Add(time.Hour), false)
 	spec.Checkpointing.DeferredFinalize = true
 	r := newCluster(t, srv.addr).createRun(ctx, "deferred", spec)

@@ -12,7 +12,6 @@ import (
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 	"github.com/snapcoord/snapcoord/server/clock"
 	"github.com/snapcoord/snapcoord/server/deadline"
-	"github.com/snapcoord/snapcoord/server/engine"
 )
 
 // Over a real server with a fake clock: a run under EXPECTED_LOSS (bad
@@ -24,7 +23,7 @@ import (
 func TestExpectedLossOverGRPC(t *testing.T) {
 	ctx := testContext(t)
 	clk := clock.NewFake(time.Now().Truncate(time.Second))
-	srv := startInproc(t, engine.Options{Clock: clk, HeartbeatInterval: time.Hour})
+	srv := startInproc(t, hourlyHeartbeats(clk))
 	c := newCluster(t, srv.addr)
 	start := clk.Now()
 	b := start.Add(30 * time.Minute)

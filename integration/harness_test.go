@@ -6,11 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
-	"os"
-	"os/exec"
 	"path/filepath"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -18,14 +14,14 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials/insecure"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+	"github.com/snapcoord/snapcoord/coordinator"
+	"github.com/snapcoord/snapcoord/coordinator/coordtest"
+	"github.com/snapcoord/snapcoord/internal/coordproc"
 	"github.com/snapcoord/snapcoord/internal/logsink"
-	"github.com/snapcoord/snapcoord/server/engine"
-	"github.com/snapcoord/snapcoord/server/grpcserver"
-	"github.com/snapcoord/snapcoord/store"
+	"github.com/snapcoord/snapcoord/server/clock"
 )
 
 // testTimeout bounds every test: a missed wake-up or a lost command shows as
@@ -40,198 +36,94 @@ func testContext(t *testing.T) context.Context {
 }
 
 // ---------------------------------------------------------------------------
-// In-process coordinator: the real store, engine and gRPC server, on a fixed
-// loopback port so that a restart is seen by clients as the same address.
+// In-process coordinator: the assembled coordinator (store, engine, the
+// production interceptor chain), on a loopback port kept across restarts so
+// that clients see the same address.
 
 type inproc struct {
 	t    *testing.T
-	dir  string
-	opts engine.Options
+	cfg  coordinator.Config
 	addr string
+	logs *logsink.Buffer
 
-	db     *store.DB
-	eng    *engine.Engine
-	srv    *grpcserver.Server
-	served chan error
-	logs   *logsink.Buffer
+	instance *coordtest.Instance // nil when stopped
 }
 
-// startInproc serves a fresh data directory. opts.Clock may be a fake clock:
-// it is kept across restarts.
-func startInproc(t *testing.T, opts engine.Options) *inproc {
+// startInproc serves a fresh data directory with tune's changes to the
+// test configuration. A fake clock (cfg.Test.Clock) is kept across restarts.
+func startInproc(t *testing.T, tune func(*coordinator.Config)) *inproc {
 	t.Helper()
-	c := &inproc{t: t, dir: t.TempDir(), opts: opts, addr: "127.0.0.1:0", logs: &logsink.Buffer{}}
+	c := &inproc{t: t, cfg: coordtest.Config(t.TempDir()), logs: &logsink.Buffer{}}
+	c.cfg.Logger = slog.New(slog.NewTextHandler(c.logs, nil))
+	if tune != nil {
+		tune(&c.cfg)
+	}
 	c.start()
 	t.Cleanup(c.stop)
 	return c
 }
 
+// hourlyHeartbeats runs the engine on clk with heartbeats an hour apart
+// (leases of three), for tests that move time by hand.
+func hourlyHeartbeats(clk clock.Clock) func(*coordinator.Config) {
+	return func(c *coordinator.Config) {
+		c.Test.Clock, c.HeartbeatInterval, c.LeaseTTL = clk, time.Hour, 3*time.Hour
+	}
+}
+
 func (c *inproc) start() {
 	c.t.Helper()
-	logger := slog.New(slog.NewTextHandler(c.logs, nil))
-	db, err := store.Open(filepath.Join(c.dir, "snapcoord.db"), store.Options{})
-	if err != nil {
-		c.t.Fatalf("store.Open: %v", err)
-	}
-	opts := c.opts
-	opts.Logger = logger
-	eng, err := engine.New(context.Background(), db, opts)
-	if err != nil {
-		_ = db.Close()
-		c.t.Fatalf("engine.New: %v", err)
-	}
-	srv, err := grpcserver.New(grpcserver.Config{}, eng, logger)
-	if err != nil {
-		c.t.Fatalf("grpcserver.New: %v", err)
-	}
-	lis, err := net.Listen("tcp", c.addr)
-	if err != nil {
-		c.t.Fatalf("listen %s: %v", c.addr, err)
-	}
-	c.addr = lis.Addr().String()
-	c.db, c.eng, c.srv, c.served = db, eng, srv, make(chan error, 1)
-	go func() { c.served <- srv.Serve(lis) }()
+	c.instance = coordtest.Serve(c.t, c.cfg)
+	c.addr = c.instance.Addr()
+	c.cfg.Listen = c.addr
 }
 
 // stop shuts the server down gracefully (streams and polls end UNAVAILABLE),
 // then the engine and the store. Safe to call when stopped; start again is
 // a coordinator restart on the same data file and address.
 func (c *inproc) stop() {
-	if c.srv == nil {
+	if c.instance == nil {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := c.srv.Shutdown(ctx); err != nil {
-		c.t.Errorf("Shutdown: %v", err)
-	}
-	if err := <-c.served; err != nil {
-		c.t.Errorf("Serve: %v", err)
-	}
-	c.eng.Close()
-	if err := c.db.Close(); err != nil {
-		c.t.Errorf("store Close: %v", err)
-	}
-	c.srv, c.eng, c.db = nil, nil, nil
+	c.instance.Stop()
+	c.instance = nil
 }
 
 // ---------------------------------------------------------------------------
 // The snapcoord binary as a child process, for SIGKILL.
 
 type proc struct {
-	t    *testing.T
-	dir  string
-	addr string // 127.0.0.1:0 until the first start
-
-	cmd    *exec.Cmd
-	logs   *logsink.Watcher
-	exited chan struct{}
+	t *testing.T
+	p *coordproc.Proc
+	// addr is where it serves, the same after every restart.
+	addr string
 }
 
 // startProc runs `snapcoord serve` on a fresh data directory and waits until
 // it is SERVING. Leases are long: these tests are about crashes, not leases.
 func startProc(t *testing.T) *proc {
 	t.Helper()
-	p := &proc{t: t, dir: filepath.Join(t.TempDir(), "data"), addr: "127.0.0.1:0"}
-	p.start()
-	t.Cleanup(func() {
-		if p.cmd != nil {
-			_ = p.cmd.Process.Kill()
-			<-p.exited
-		}
-	})
-	return p
+	p := coordproc.ForTest(t, coordproc.Config{Bin: binPath, DataDir: filepath.Join(t.TempDir(), "data"),
+		Args: []string{"--metrics-listen", "", "--log-format", "json", "--heartbeat-interval", "5s", "--lease-ttl", "5m"}})
+	return &proc{t: t, p: p, addr: p.Addr}
 }
 
-func (p *proc) start() {
-	t := p.t
-	t.Helper()
-	p.logs, p.exited = logsink.NewWatcher(), make(chan struct{})
-	p.cmd = exec.Command(binPath, "serve", "--listen", p.addr, "--data-dir", p.dir, "--metrics-listen", "", "--log-format", "json",
-		"--heartbeat-interval", "5s", "--lease-ttl", "5m")
-	p.cmd.Env = envWithoutSnapcoord()
-	p.cmd.Stdout, p.cmd.Stderr = p.logs, p.logs
-	if err := p.cmd.Start(); err != nil {
-		t.Fatalf("start %s: %v", binPath, err)
-	}
-	cmd, exited := p.cmd, p.exited
-	go func() {
-		_ = cmd.Wait()
-		close(exited)
-	}()
-	select {
-	case p.addr = <-p.logs.Serving():
-	case <-exited:
-		t.Fatalf("snapcoord exited before serving: %v\n%s", cmd.ProcessState, p.logs)
-	case <-time.After(30 * time.Second):
-		t.Fatalf("snapcoord did not log \"serving\" within 30s:\n%s", p.logs)
-	}
-	p.waitServing()
-}
-
-// waitServing polls the health service a bounded number of times.
-func (p *proc) waitServing() {
-	t := p.t
-	t.Helper()
-	conn, err := grpc.NewClient(p.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatalf("dial %s: %v", p.addr, err)
-	}
-	defer conn.Close()
-	health := healthpb.NewHealthClient(conn)
-	var last error
-	for range 300 {
-		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
-		resp, err := health.Check(ctx, &healthpb.HealthCheckRequest{})
-		cancel()
-		if err == nil && resp.GetStatus() == healthpb.HealthCheckResponse_SERVING {
-			return
-		}
-		last = fmt.Errorf("status %v, err %v", resp.GetStatus(), err)
-		select {
-		case <-p.exited:
-			t.Fatalf("snapcoord exited while waiting for SERVING:\n%s", p.logs)
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
-	t.Fatalf("health never SERVING (last: %v):\n%s", last, p.logs)
-}
-
-// kill is kill -9: no drain, no deferred close, nothing flushed.
+// kill is kill -9: no drain, no deferred close, nothing flushed. The
+// process must have been running, and free of data races.
 func (p *proc) kill() {
-	t := p.t
-	t.Helper()
-	if err := p.cmd.Process.Kill(); err != nil {
-		t.Fatalf("kill: %v", err)
+	p.t.Helper()
+	if err := p.p.Kill(); err != nil {
+		p.t.Fatal(err)
 	}
-	<-p.exited
-	// A race report makes the process exit 66 before the kill; -1 is the
-	// signal. Anything else means it died on its own.
-	if code := p.cmd.ProcessState.ExitCode(); code != -1 {
-		t.Fatalf("snapcoord exited %d before SIGKILL:\n%s", code, p.logs)
+	if p.p.Race() {
+		p.t.Fatalf("data race in snapcoord:\n%s", p.p.Log())
 	}
-	if strings.Contains(p.logs.String(), "WARNING: DATA RACE") {
-		t.Fatalf("data race in snapcoord:\n%s", p.logs)
-	}
-	p.cmd = nil
 }
 
 // restart starts the binary again on the same data directory and port.
 func (p *proc) restart() {
 	p.t.Helper()
-	p.start()
-}
-
-// envWithoutSnapcoord keeps the developer's SNAPCOORD_* settings out of the
-// processes under test.
-func envWithoutSnapcoord() []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "SNAPCOORD_") {
-			env = append(env, kv)
-		}
-	}
-	return env
+	p.p = p.p.RestartForTest(p.t)
 }
 
 // ---------------------------------------------------------------------------

@@ -10,7 +10,6 @@ import (
 	"google.golang.org/grpc/codes"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
-	"github.com/snapcoord/snapcoord/server/engine"
 )
 
 // Two runs side by side, with workers of the same names and ranks: run A
@@ -18,7 +17,7 @@ import (
 // of it, and a worker id of run A means nothing in run B.
 func TestRunsAreIsolated(t *testing.T) {
 	ctx := testContext(t)
-	srv := startInproc(t, engine.Options{})
+	srv := startInproc(t, nil)
 	c := newCluster(t, srv.addr)
 	b := time.Now().Add(time.Hour)
 	a := c.createRun(ctx, "run-a", deadlineSpec(1, b, false))
@@ -120,10 +119,11 @@ func streamErr(ctx context.Context, r *run, workerID string) error {
 // Registration: a re-register of the same name is the same worker with the
 // next incarnation, and closes the old incarnation's stream; a rank held by
 // another live name is ALREADY_EXISTS until its holder leaves; an unknown
-// run is NOT_FOUND; a terminal run takes nobody.
+// run is PERMISSION_DENIED to another run's token; a terminal run takes
+// nobody.
 func TestRegistration(t *testing.T) {
 	ctx := testContext(t)
-	srv := startInproc(t, engine.Options{})
+	srv := startInproc(t, nil)
 	c := newCluster(t, srv.addr)
 	// Turn level with a Snapshot after every checkpoint and no deadline.
 	spec := deadlineSpec(2, time.Time{}, true)
@@ -182,9 +182,10 @@ func TestRegistration(t *testing.T) {
 		t.Errorf("usurper: incarnation %d, want 1", resp.Incarnation)
 	}
 
-	// Unknown run.
+	// Unknown run: the production chain checks the run token before the
+	// run is looked up, so a token of another run learns nothing about it.
 	_, err = r.ws.RegisterWorker(ctx, &v1.RegisterWorkerRequest{RunId: "no-such-run", Role: v1.WorkerRole_WORKER_ROLE_ENVIRONMENT, Name: "x"})
-	wantCode(t, "RegisterWorker in an unknown run", err, codes.NotFound)
+	wantCode(t, "RegisterWorker in an unknown run", err, codes.PermissionDenied)
 
 	// Terminal run: nobody new, nobody again.
 	if _, err := c.runs.CancelRun(ctx, &v1.CancelRunRequest{RunId: r.id}); err != nil {

@@ -7,8 +7,8 @@ import (
 	"time"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+	"github.com/snapcoord/snapcoord/coordinator"
 	"github.com/snapcoord/snapcoord/server/clock"
-	"github.com/snapcoord/snapcoord/server/engine"
 )
 
 // Lease timings of these tests: heartbeat every 100ms, lost after 300ms of
@@ -20,8 +20,10 @@ const (
 	grace      = time.Second
 )
 
-func leaseOptions(clk clock.Clock) engine.Options {
-	return engine.Options{Clock: clk, HeartbeatInterval: hbInterval, LeaseTTL: leaseTTL, RestartGrace: grace}
+func leaseOptions(clk clock.Clock) func(*coordinator.Config) {
+	return func(c *coordinator.Config) {
+		c.Test.Clock, c.HeartbeatInterval, c.LeaseTTL, c.Test.RestartGrace = clk, hbInterval, leaseTTL, grace
+	}
 }
 
 func workerStates(ctx context.Context, r *run) map[string]v1.WorkerState {

@@ -13,9 +13,9 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+	"github.com/snapcoord/snapcoord/internal/spectest"
 	"github.com/snapcoord/snapcoord/runstate"
 )
 
@@ -334,12 +334,7 @@ func wantCode(t *testing.T, what string, err error, want codes.Code) {
 // every published checkpoint); otherwise the only environment commands are
 // SaveAtDeadline and Stop.
 func deadlineSpec(world int32, b time.Time, afterCheckpoint bool) *v1.RunSpec {
-	return &v1.RunSpec{
-		TrainerWorldSize:     world,
-		Checkpointing:        &v1.CheckpointingSpec{MustSaveBy: timestamppb.New(b)},
-		RolloutRecovery:      &v1.RolloutRecoverySpec{TargetLevel: v1.TargetLevel_TARGET_LEVEL_TURN},
-		RolloutCheckpointing: &v1.RolloutCheckpointingSpec{SnapshotOnTrainerCheckpoint: proto.Bool(afterCheckpoint)},
-	}
+	return spectest.TurnUntil(world, b, afterCheckpoint)
 }
 
 const (

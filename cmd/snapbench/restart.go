@@ -13,9 +13,8 @@ import (
 	"time"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
-	"github.com/snapcoord/snapcoord/cmd/internal/coordproc"
-	"github.com/snapcoord/snapcoord/server/engine"
-	"github.com/snapcoord/snapcoord/store"
+	"github.com/snapcoord/snapcoord/coordinator"
+	"github.com/snapcoord/snapcoord/internal/coordproc"
 )
 
 // restart: the time from starting the process to health SERVING, on a
@@ -97,20 +96,20 @@ func (b *bench) timeStarts(ctx context.Context, dir string) (time.Duration, []st
 	return times[len(times)/2], samples, nil
 }
 
-// prepareRestart fills dataDir through an in-process engine: runs runs at
-// turn level, each with one trainer rank that completed steps steps and
-// workers-1 environment workers. It returns the number of events stored.
-func prepareRestart(ctx context.Context, dataDir string, runs, workers, steps int) (int, error) {
-	db, err := store.Open(filepath.Join(dataDir, "snapcoord.db"), store.Options{})
+// prepareRestart fills dataDir through the engine of an assembled
+// coordinator that does not listen (an RPC per record would take longer
+// than the measurement): runs runs at turn level, each with one trainer
+// rank that completed steps steps and workers-1 environment workers. It
+// returns the number of events stored.
+func prepareRestart(ctx context.Context, dataDir string, runs, workers, steps int) (_ int, err error) {
+	cfg := coordinator.Defaults()
+	cfg.DataDir, cfg.LeaseTTL, cfg.MaxRuns, cfg.MaxWorkersPerRun = dataDir, time.Hour, runs, workers
+	c, err := coordinator.New(ctx, cfg)
 	if err != nil {
 		return 0, err
 	}
-	defer db.Close()
-	eng, err := engine.New(ctx, db, engine.Options{LeaseTTL: time.Hour, MaxRuns: runs, MaxWorkersPerRun: workers})
-	if err != nil {
-		return 0, err
-	}
-	defer eng.Close()
+	defer func() { err = errors.Join(err, c.Shutdown(context.Background())) }()
+	eng := c.Engine()
 	events := make([]int64, runs)
 	err = forEach(ctx, runs, 128, func(ctx context.Context, r int) error {
 		id := fmt.Sprintf("run-%05d", r)
@@ -151,21 +150,19 @@ func prepareRestart(ctx context.Context, dataDir string, runs, workers, steps in
 }
 
 // profileLoad profiles, in process, what a restart does before serving:
-// open the store and load every run into a new engine.
+// assemble the coordinator, which opens the store and loads every run into
+// a new engine.
 func (b *bench) profileLoad(ctx context.Context, dataDir string) error {
 	stop, err := b.selfProfile("restart")
 	if err != nil {
 		return err
 	}
 	start := time.Now()
-	db, err := store.Open(filepath.Join(dataDir, "snapcoord.db"), store.Options{})
+	cfg := coordinator.Defaults()
+	cfg.DataDir = dataDir
+	c, err := coordinator.New(ctx, cfg)
 	if err == nil {
-		var eng *engine.Engine
-		eng, err = engine.New(ctx, db, engine.Options{})
-		if err == nil {
-			eng.Close()
-		}
-		err = errors.Join(err, db.Close())
+		err = c.Shutdown(ctx)
 	}
 	took := time.Since(start)
 	stop()

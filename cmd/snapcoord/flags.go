@@ -8,11 +8,11 @@ import (
 	"log/slog"
 	"math"
 	"strings"
-	"time"
 
 	"github.com/snapcoord/snapcoord/cmd/internal/durations"
 	"github.com/snapcoord/snapcoord/cmd/internal/flagtext"
-	"github.com/snapcoord/snapcoord/cmd/internal/loopback"
+	"github.com/snapcoord/snapcoord/coordinator"
+	"github.com/snapcoord/snapcoord/internal/loopback"
 )
 
 // envPrefix names the environment variable behind every flag: --lease-ttl
@@ -20,93 +20,60 @@ import (
 // environment more easily than they rewrite command lines.
 const envPrefix = "SNAPCOORD_"
 
-// serveConfig is what `snapcoord serve` was asked to do.
+// serveConfig is what `snapcoord serve` was asked to do: the
+// coordinator's configuration and how to log.
 type serveConfig struct {
-	listen            string
-	dataDir           string
-	heartbeatInterval time.Duration
-	leaseTTL          time.Duration
-	drainTimeout      time.Duration
-	lockTimeout       time.Duration
-	logFormat         string
-	logLevel          slog.Level
-
-	// Security.
-	adminTokenFile string
-	insecure       bool
-	tlsCert        string
-	tlsKey         string
-	clientCA       string
-	reflection     string
-	// credentialsCheckInterval is how often the token and TLS files are
-	// checked for changes (0: only on SIGHUP).
-	credentialsCheckInterval time.Duration
-
-	// Operability.
-	metricsListen string
-	pprof         bool
-
-	// Limits.
-	maxRecvMsgSize       int
+	coordinator.Config
+	logFormat string
+	logLevel  slog.Level
+	// The flag package has no uint32 flags; these are checked and copied
+	// into Config by parseServe.
 	maxHeaderListSize    uint
 	maxConcurrentStreams uint
-	maxRuns              int
-	maxWorkersPerRun     int
-	maxEventsPerRun      int
-	finishedRetention    time.Duration
-	keepaliveMinTime     time.Duration
-	keepaliveTime        time.Duration
-	keepaliveTimeout     time.Duration
-	maxConnectionIdle    time.Duration
-	permitPingsNoStream  bool
 }
 
 // adminTokenEnv holds one admin token. It is a variable, not a flag, so the
 // secret never shows in the process list.
 const adminTokenEnv = envPrefix + "ADMIN_TOKEN"
 
-// Values of --reflection.
-const (
-	reflectionAuto = "auto" // open on a loopback address, admin elsewhere
-	reflectionOpen = "open"
-	reflectionAuth = "auth"
-	reflectionOff  = "off"
-)
-
+// newServeFlags binds the flags to cfg; their defaults are
+// coordinator.Defaults().
 func newServeFlags(cfg *serveConfig) *flag.FlagSet {
+	def := coordinator.Defaults()
+	c := &cfg.Config
 	fs := flag.NewFlagSet("snapcoord serve", flag.ContinueOnError)
-	fs.StringVar(&cfg.listen, "listen", "127.0.0.1:7070", "gRPC `address` to listen on")
-	fs.StringVar(&cfg.dataDir, "data-dir", "./data", "`directory` holding the store file snapcoord.db (created 0700 if missing)")
-	durations.Var(fs, &cfg.heartbeatInterval, "heartbeat-interval", 5*time.Second, durations.Options{}, "how often workers are told to heartbeat")
-	durations.Var(fs, &cfg.leaseTTL, "lease-ttl", 15*time.Second, durations.Options{}, "a worker silent this long is LOST")
-	durations.Var(fs, &cfg.drainTimeout, "drain-timeout", 10*time.Second, durations.Options{}, "on SIGINT/SIGTERM, how long in-flight RPCs may take to finish")
-	durations.Var(fs, &cfg.lockTimeout, "lock-timeout", time.Second, durations.Options{}, "how long to wait for another process to release the data directory")
+	fs.StringVar(&c.Listen, "listen", def.Listen, "gRPC `address` to listen on")
+	fs.StringVar(&c.DataDir, "data-dir", def.DataDir, "`directory` holding the store file "+coordinator.StoreFile+" (created 0700 if missing)")
+	durations.Var(fs, &c.HeartbeatInterval, "heartbeat-interval", def.HeartbeatInterval, durations.Options{}, "how often workers are told to heartbeat")
+	durations.Var(fs, &c.LeaseTTL, "lease-ttl", def.LeaseTTL, durations.Options{}, "a worker silent this long is LOST")
+	durations.Var(fs, &c.DrainTimeout, "drain-timeout", def.DrainTimeout, durations.Options{}, "on SIGINT/SIGTERM, how long in-flight RPCs may take to finish")
+	durations.Var(fs, &c.LockTimeout, "lock-timeout", def.LockTimeout, durations.Options{}, "how long to wait for another process to release the data directory")
 	fs.StringVar(&cfg.logFormat, "log-format", "text", "log `format`: text or json")
 	fs.TextVar(&cfg.logLevel, "log-level", slog.LevelInfo, "log `level`: debug, info, warn or error")
 
-	fs.StringVar(&cfg.adminTokenFile, "admin-token-file", "", "`file` of admin tokens for RunService, one per line (several for rotation); with none here or in "+adminTokenEnv+", RunService is open")
-	fs.BoolVar(&cfg.insecure, "insecure", false, "allow listening on a non-loopback address with no admin token (RunService open to anyone who can connect), or --pprof on a non-loopback --metrics-listen")
-	fs.StringVar(&cfg.tlsCert, "tls-cert", "", "PEM certificate `file` for TLS (with --tls-key)")
-	fs.StringVar(&cfg.tlsKey, "tls-key", "", "PEM private key `file` for TLS (with --tls-cert)")
-	fs.StringVar(&cfg.clientCA, "client-ca", "", "PEM CA `file`: require client certificates signed by it (mutual TLS; needs --tls-cert)")
-	fs.DurationVar(&cfg.credentialsCheckInterval, "credentials-check-interval", 10*time.Second, "how often --admin-token-file, --tls-cert, --tls-key and --client-ca are checked for changes and reloaded (0: only on SIGHUP, which always reloads them)")
-	fs.StringVar(&cfg.reflection, "reflection", reflectionAuto, "server reflection: open, auth (admin token), off, or auto (open on a loopback --listen, auth otherwise)")
+	fs.StringVar(&c.AdminTokenFile, "admin-token-file", def.AdminTokenFile, "`file` of admin tokens for RunService, one per line (several for rotation); with none here or in "+adminTokenEnv+", RunService is open")
+	fs.BoolVar(&c.Insecure, "insecure", def.Insecure, "allow listening on a non-loopback address with no admin token (RunService open to anyone who can connect), or --pprof on a non-loopback --metrics-listen")
+	fs.StringVar(&c.TLSCert, "tls-cert", def.TLSCert, "PEM certificate `file` for TLS (with --tls-key)")
+	fs.StringVar(&c.TLSKey, "tls-key", def.TLSKey, "PEM private key `file` for TLS (with --tls-cert)")
+	fs.StringVar(&c.ClientCA, "client-ca", def.ClientCA, "PEM CA `file`: require client certificates signed by it (mutual TLS; needs --tls-cert)")
+	fs.DurationVar(&c.CredentialsCheckInterval, "credentials-check-interval", def.CredentialsCheckInterval, "how often --admin-token-file, --tls-cert, --tls-key and --client-ca are checked for changes and reloaded (0: only on SIGHUP, which always reloads them)")
+	fs.StringVar((*string)(&c.Reflection), "reflection", string(def.Reflection), "server reflection: open, auth (admin token), off, or auto (open on a loopback --listen, auth otherwise)")
 
-	fs.StringVar(&cfg.metricsListen, "metrics-listen", "127.0.0.1:7071", "HTTP `address` serving Prometheus /metrics (and /debug/pprof/ with --pprof); empty disables it")
-	fs.BoolVar(&cfg.pprof, "pprof", false, "serve /debug/pprof/ on --metrics-listen")
+	fs.StringVar(&c.MetricsListen, "metrics-listen", def.MetricsListen, "HTTP `address` serving Prometheus /metrics (and /debug/pprof/ with --pprof); empty disables it")
+	fs.BoolVar(&c.Pprof, "pprof", def.Pprof, "serve /debug/pprof/ on --metrics-listen")
 
-	fs.IntVar(&cfg.maxRecvMsgSize, "max-recv-msg-size", 1<<20, "largest request message accepted, in `bytes`; larger ones get RESOURCE_EXHAUSTED")
-	fs.UintVar(&cfg.maxHeaderListSize, "max-header-list-size", 32<<10, "largest metadata (HTTP/2 header list, uncompressed) one call may carry, in `bytes`; a call with more is refused")
-	fs.UintVar(&cfg.maxConcurrentStreams, "max-concurrent-streams", 1024, "RPCs open at once on one client connection")
-	fs.IntVar(&cfg.maxRuns, "max-runs", 10000, "runs the coordinator keeps; CreateRun beyond it gets RESOURCE_EXHAUSTED")
-	fs.IntVar(&cfg.maxWorkersPerRun, "max-workers-per-run", 10000, "workers one run may register; more get RESOURCE_EXHAUSTED")
-	fs.IntVar(&cfg.maxEventsPerRun, "max-events-per-run", 100000, "events kept per run, on disk (the latest 256 also in memory); the oldest are deleted beyond it")
-	durations.Var(fs, &cfg.finishedRetention, "finished-run-retention", 0, durations.Options{}, "delete a finished run (and all stored for it) this long after it ended, e.g. 720h; 0 keeps finished runs")
-	durations.Var(fs, &cfg.keepaliveMinTime, "keepalive-min-time", 10*time.Second, durations.Options{}, "shortest client keepalive ping interval tolerated; clients pinging more often are disconnected")
-	fs.BoolVar(&cfg.permitPingsNoStream, "keepalive-permit-without-stream", true, "tolerate client keepalive pings on connections with no open RPC")
-	durations.Var(fs, &cfg.keepaliveTime, "keepalive-time", 30*time.Second, durations.Options{}, "ping a client connection silent this long, to notice dead workers")
-	durations.Var(fs, &cfg.keepaliveTimeout, "keepalive-timeout", 10*time.Second, durations.Options{}, "close a connection whose ping is not answered within this")
-	durations.Var(fs, &cfg.maxConnectionIdle, "max-connection-idle", 0, durations.Options{}, "close connections with no RPC for this long; 0 never does")
+	fs.IntVar(&c.MaxRecvMsgSize, "max-recv-msg-size", def.MaxRecvMsgSize, "largest request message accepted, in `bytes`; larger ones get RESOURCE_EXHAUSTED")
+	fs.UintVar(&cfg.maxHeaderListSize, "max-header-list-size", uint(def.MaxHeaderListSize), "largest metadata (HTTP/2 header list, uncompressed) one call may carry, in `bytes`; a call with more is refused")
+	fs.UintVar(&cfg.maxConcurrentStreams, "max-concurrent-streams", uint(def.MaxConcurrentStreams), "RPCs open at once on one client connection")
+	fs.IntVar(&c.MaxRuns, "max-runs", def.MaxRuns, "runs the coordinator keeps; CreateRun beyond it gets RESOURCE_EXHAUSTED")
+	fs.IntVar(&c.MaxWorkersPerRun, "max-workers-per-run", def.MaxWorkersPerRun, "workers one run may register; more get RESOURCE_EXHAUSTED")
+	fs.IntVar(&c.MaxEventsPerRun, "max-events-per-run", def.MaxEventsPerRun, "events kept per run, on disk (the latest 256 also in memory); the oldest are deleted beyond it")
+	durations.Var(fs, &c.FinishedRunRetention, "finished-run-retention", def.FinishedRunRetention, durations.Options{}, "delete a finished run (and all stored for it) this long after it ended, e.g. 720h; 0 keeps finished runs")
+	durations.Var(fs, &c.KeepaliveMinTime, "keepalive-min-time", def.KeepaliveMinTime, durations.Options{}, "shortest client keepalive ping interval tolerated; clients pinging more often are disconnected")
+	fs.BoolVar(&c.PermitPingsWithoutStream, "keepalive-permit-without-stream", def.PermitPingsWithoutStream, "tolerate client keepalive pings on connections with no open RPC")
+	durations.Var(fs, &c.KeepaliveTime, "keepalive-time", def.KeepaliveTime, durations.Options{}, "ping a client connection silent this long, to notice dead workers")
+	durations.Var(fs, &c.KeepaliveTimeout, "keepalive-timeout", def.KeepaliveTimeout, durations.Options{}, "close a connection whose ping is not answered within this")
+	durations.Var(fs, &c.MaxConnectionIdle, "max-connection-idle", def.MaxConnectionIdle, durations.Options{}, "close connections with no RPC for this long; 0 never does")
 	return fs
 }
 
@@ -148,41 +115,45 @@ func parseServe(args []string, lookupEnv func(string) (string, bool)) (serveConf
 	if fs.NArg() > 0 {
 		return cfg, fs, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
-	return cfg, fs, cfg.validate()
+	if err := cfg.validate(); err != nil {
+		return cfg, fs, err
+	}
+	cfg.MaxHeaderListSize, cfg.MaxConcurrentStreams = uint32(cfg.maxHeaderListSize), uint32(cfg.maxConcurrentStreams)
+	return cfg, fs, nil
 }
 
 func (c serveConfig) validate() error {
 	switch {
 	case c.logFormat != "text" && c.logFormat != "json":
 		return fmt.Errorf("--log-format (%s) must be text or json, not %q", envName("log-format"), c.logFormat)
-	case c.heartbeatInterval <= 0, c.leaseTTL <= 0, c.drainTimeout <= 0, c.lockTimeout <= 0:
+	case c.HeartbeatInterval <= 0, c.LeaseTTL <= 0, c.DrainTimeout <= 0, c.LockTimeout <= 0:
 		return errors.New("--heartbeat-interval, --lease-ttl, --drain-timeout and --lock-timeout must be positive durations")
-	case c.leaseTTL <= c.heartbeatInterval:
+	case c.LeaseTTL <= c.HeartbeatInterval:
 		// A lease no longer than one heartbeat interval would lapse between
 		// two punctual heartbeats.
-		return fmt.Errorf("--lease-ttl (%s) must be longer than --heartbeat-interval (%s)", c.leaseTTL, c.heartbeatInterval)
-	case c.dataDir == "":
+		return fmt.Errorf("--lease-ttl (%s) must be longer than --heartbeat-interval (%s)", c.LeaseTTL, c.HeartbeatInterval)
+	case c.DataDir == "":
 		return fmt.Errorf("--data-dir (%s) must not be empty", envName("data-dir"))
-	case (c.tlsCert == "") != (c.tlsKey == ""):
+	case (c.TLSCert == "") != (c.TLSKey == ""):
 		return errors.New("--tls-cert and --tls-key must be given together")
-	case c.clientCA != "" && c.tlsCert == "":
+	case c.ClientCA != "" && c.TLSCert == "":
 		return errors.New("--client-ca (mutual TLS) needs --tls-cert and --tls-key")
-	case c.reflection != reflectionAuto && c.reflection != reflectionOpen && c.reflection != reflectionAuth && c.reflection != reflectionOff:
-		return fmt.Errorf("--reflection (%s) must be auto, open, auth or off, not %q", envName("reflection"), c.reflection)
-	case c.pprof && c.metricsListen == "":
+	case c.Reflection != coordinator.ReflectionAuto && c.Reflection != coordinator.ReflectionOpen && c.Reflection != coordinator.ReflectionAuth && c.Reflection != coordinator.ReflectionOff:
+		return fmt.Errorf("--reflection (%s) must be auto, open, auth or off, not %q", envName("reflection"), c.Reflection)
+	case c.Pprof && c.MetricsListen == "":
 		return errors.New("--pprof needs --metrics-listen")
-	case c.finishedRetention < 0:
+	case c.FinishedRunRetention < 0:
 		return errors.New("--finished-run-retention must not be negative")
-	case c.credentialsCheckInterval < 0:
+	case c.CredentialsCheckInterval < 0:
 		return errors.New("--credentials-check-interval must not be negative")
-	case c.maxRecvMsgSize <= 0, c.maxRuns <= 0, c.maxWorkersPerRun <= 0, c.maxEventsPerRun <= 0:
+	case c.MaxRecvMsgSize <= 0, c.MaxRuns <= 0, c.MaxWorkersPerRun <= 0, c.MaxEventsPerRun <= 0:
 		return errors.New("--max-recv-msg-size, --max-runs, --max-workers-per-run and --max-events-per-run must be positive")
 	case c.maxConcurrentStreams == 0 || c.maxConcurrentStreams > math.MaxUint32:
 		return fmt.Errorf("--max-concurrent-streams must be between 1 and %d", uint32(math.MaxUint32))
 	case c.maxHeaderListSize < 1024 || c.maxHeaderListSize > math.MaxUint32:
 		// Below 1 KiB a token and the call's own headers no longer fit.
 		return fmt.Errorf("--max-header-list-size must be between 1024 and %d", uint32(math.MaxUint32))
-	case c.keepaliveMinTime <= 0, c.keepaliveTime <= 0, c.keepaliveTimeout <= 0, c.maxConnectionIdle < 0:
+	case c.KeepaliveMinTime <= 0, c.KeepaliveTime <= 0, c.KeepaliveTimeout <= 0, c.MaxConnectionIdle < 0:
 		return errors.New("--keepalive-min-time, --keepalive-time and --keepalive-timeout must be positive, --max-connection-idle not negative")
 	}
 	return nil
@@ -191,42 +162,19 @@ func (c serveConfig) validate() error {
 // checkExposure refuses to put an open RunService (no admin token) or
 // pprof on a non-loopback address unless --insecure says that is meant.
 func (c serveConfig) checkExposure(adminTokens int) error {
-	if c.insecure {
+	if c.Insecure {
 		return nil
 	}
-	if adminTokens == 0 && !loopback.Is(c.listen) {
+	if adminTokens == 0 && !loopback.Is(c.Listen) {
 		return fmt.Errorf("refusing to listen on %s: no admin token is configured, so anyone who can reach that address "+
 			"could create, change and cancel runs. Configure an admin token (--admin-token-file or %s), listen on a "+
-			"loopback address (127.0.0.1, ::1, localhost), or pass --insecure to accept an open RunService", c.listen, adminTokenEnv)
+			"loopback address (127.0.0.1, ::1, localhost), or pass --insecure to accept an open RunService", c.Listen, adminTokenEnv)
 	}
-	if c.pprof && !loopback.Is(c.metricsListen) {
+	if c.Pprof && !loopback.Is(c.MetricsListen) {
 		return fmt.Errorf("refusing to serve /debug/pprof/ on %s, a non-loopback address: profiles and the command line "+
-			"would be open to anyone who can reach it. Use a loopback --metrics-listen or pass --insecure", c.metricsListen)
+			"would be open to anyone who can reach it. Use a loopback --metrics-listen or pass --insecure", c.MetricsListen)
 	}
 	return nil
-}
-
-// statusPageAllowed applies RunService's exposure rule to the status page:
-// with no admin token it is open, so it is served only on a loopback
-// --metrics-listen, unless --insecure says an open page is meant. (/metrics
-// itself stays open, as Prometheus scrapes it.)
-func (c serveConfig) statusPageAllowed(adminTokens int) bool {
-	return adminTokens > 0 || c.insecure || loopback.Is(c.metricsListen)
-}
-
-// reflectionAccess resolves --reflection: whether to serve reflection and
-// whether anyone may use it.
-func (c serveConfig) reflectionAccess() (serve, open bool) {
-	switch c.reflection {
-	case reflectionOff:
-		return false, false
-	case reflectionAuth:
-		return true, false
-	case reflectionOpen:
-		return true, true
-	default:
-		return true, loopback.Is(c.listen)
-	}
 }
 
 func printServeUsage(w io.Writer, fs *flag.FlagSet) {

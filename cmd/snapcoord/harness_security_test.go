@@ -18,12 +18,13 @@ import (
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 	"github.com/snapcoord/snapcoord/internal/logsink"
+	"github.com/snapcoord/snapcoord/internal/spectest"
 	"github.com/snapcoord/snapcoord/internal/testpki"
 )
 
-// coordinator is `snapcoord serve` run in-process on loopback ports, with
+// served is `snapcoord serve` run in-process on loopback ports, with
 // JSON logs at debug level captured for inspection.
-type coordinator struct {
+type served struct {
 	addr        string
 	metricsAddr string
 	logs        *logsink.Watcher
@@ -32,7 +33,7 @@ type coordinator struct {
 
 // startCoordinator runs serve with the test defaults plus args, and env as
 // its whole environment.
-func startCoordinator(t *testing.T, env map[string]string, args ...string) *coordinator {
+func startCoordinator(t *testing.T, env map[string]string, args ...string) *served {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	logs := logsink.NewWatcher()
@@ -40,7 +41,7 @@ func startCoordinator(t *testing.T, env map[string]string, args ...string) *coor
 		"--log-format", "json", "--log-level", "debug"}
 	done := make(chan int, 1)
 	go func() { done <- runServe(ctx, append(base, args...), envMap(env), logs, logs) }()
-	c := &coordinator{logs: logs}
+	c := &served{logs: logs}
 	select {
 	case c.addr = <-logs.Serving():
 	case code := <-done:
@@ -88,12 +89,7 @@ func bearer(ctx context.Context, token string) context.Context {
 	return metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+token)
 }
 
-func runSpec(worldSize int32) *v1.RunSpec {
-	return &v1.RunSpec{
-		TrainerWorldSize: worldSize,
-		Checkpointing:    &v1.CheckpointingSpec{CheckpointMustSaveBy: "00:03:45:00"},
-	}
-}
+func runSpec(worldSize int32) *v1.RunSpec { return spectest.Checkpointed(worldSize, "00:03:45:00") }
 
 // scrapeMetrics reads the coordinator's /metrics.
 func scrapeMetrics(t *testing.T, addr string) map[string]*dto.MetricFamily {

@@ -18,7 +18,7 @@ import (
 // deadline is triggered by hand and saved (trainer checkpoint, then the
 // environment snapshot), and a run cancelled. It returns every token it
 // saw, for the log check.
-func scenario(t *testing.T, c *coordinator) (tokens []string) {
+func scenario(t *testing.T, c *served) (tokens []string) {
 	t.Helper()
 	conn := dialWith(t, c.addr, nil)
 	runs, workers := v1.NewRunServiceClient(conn), v1.NewWorkerServiceClient(conn)

@@ -11,13 +11,14 @@ import (
 	"time"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+	"github.com/snapcoord/snapcoord/internal/spectest"
 )
 
 func TestServeLockRestart(t *testing.T) {
 	dataDir := filepath.Join(t.TempDir(), "data") // created by serve
 	first := startServer(t, dataDir)
 	runs := v1.NewRunServiceClient(dial(t, first.addr))
-	spec := &v1.RunSpec{TrainerWorldSize: 1, Checkpointing: &v1.CheckpointingSpec{CheckpointMustSaveBy: "00:01:00:00"}}
+	spec := spectest.Checkpointed(1, "00:01:00:00")
 	if _, err := runs.CreateRun(t.Context(), &v1.CreateRunRequest{RunId: "survivor", Spec: spec}); err != nil {
 		t.Fatalf("CreateRun: %v", err)
 	}
@@ -42,10 +43,10 @@ func TestServeLockRestart(t *testing.T) {
 	})
 
 	if code := first.stop(t, syscall.SIGTERM); code != 0 {
-		t.Fatalf("SIGTERM: exit code %d, want 0:\n%s", code, first.logs)
+		t.Fatalf("SIGTERM: exit code %d, want 0:\n%s", code, first.Log())
 	}
-	if !strings.Contains(first.logs.String(), `"msg":"stopped"`) {
-		t.Errorf("no \"stopped\" log line after SIGTERM:\n%s", first.logs)
+	if !strings.Contains(first.Log(), `"msg":"stopped"`) {
+		t.Errorf("no \"stopped\" log line after SIGTERM:\n%s", first.Log())
 	}
 
 	second := startServer(t, dataDir)
@@ -55,7 +56,7 @@ func TestServeLockRestart(t *testing.T) {
 		t.Errorf("GetRun after restart = %v, %v; want the run created before", got.GetRun(), err)
 	}
 	if code := second.stop(t, syscall.SIGINT); code != 0 {
-		t.Errorf("SIGINT: exit code %d, want 0:\n%s", code, second.logs)
+		t.Errorf("SIGINT: exit code %d, want 0:\n%s", code, second.Log())
 	}
 }
 
@@ -64,7 +65,7 @@ func TestServeLogsServingOnce(t *testing.T) {
 	p := startServer(t, t.TempDir())
 	p.stop(t, syscall.SIGTERM)
 	n := 0
-	for _, l := range lines(p.logs.String()) {
+	for _, l := range lines(p.Log()) {
 		if strings.Contains(l, `"msg":"serving"`) {
 			n++
 			if !strings.Contains(l, p.addr) {
@@ -73,6 +74,6 @@ func TestServeLogsServingOnce(t *testing.T) {
 		}
 	}
 	if n != 1 {
-		t.Errorf("%d serving lines, want 1:\n%s", n, p.logs)
+		t.Errorf("%d serving lines, want 1:\n%s", n, p.Log())
 	}
 }

@@ -62,13 +62,13 @@ func TestEnvSetsDefaultsAndFlagsWin(t *testing.T) {
 	if err != nil {
 		t.Fatalf("parseServe: %v", err)
 	}
-	if cfg.listen != "127.0.0.1:1234" {
-		t.Errorf("listen = %q, want the flag's value over the environment's", cfg.listen)
+	if cfg.Listen != "127.0.0.1:1234" {
+		t.Errorf("listen = %q, want the flag's value over the environment's", cfg.Listen)
 	}
-	if cfg.leaseTTL != 42*time.Second || cfg.logLevel.String() != "DEBUG" {
-		t.Errorf("lease TTL %v, log level %v; want 42s and DEBUG from the environment", cfg.leaseTTL, cfg.logLevel)
+	if cfg.LeaseTTL != 42*time.Second || cfg.logLevel.String() != "DEBUG" {
+		t.Errorf("lease TTL %v, log level %v; want 42s and DEBUG from the environment", cfg.LeaseTTL, cfg.logLevel)
 	}
-	if cfg.dataDir != "./data" || cfg.heartbeatInterval != 5*time.Second || cfg.drainTimeout != 10*time.Second {
+	if cfg.DataDir != "./data" || cfg.HeartbeatInterval != 5*time.Second || cfg.DrainTimeout != 10*time.Second {
 		t.Errorf("defaults = %+v", cfg)
 	}
 }
@@ -80,8 +80,8 @@ func TestServeDurationGrammar(t *testing.T) {
 	if err != nil {
 		t.Fatalf("parseServe: %v", err)
 	}
-	if cfg.leaseTTL != time.Minute || cfg.drainTimeout != 90*time.Second || cfg.finishedRetention != 30*24*time.Hour {
-		t.Errorf("lease TTL %v, drain timeout %v, retention %v; want 1m, 1m30s, 720h", cfg.leaseTTL, cfg.drainTimeout, cfg.finishedRetention)
+	if cfg.LeaseTTL != time.Minute || cfg.DrainTimeout != 90*time.Second || cfg.FinishedRunRetention != 30*24*time.Hour {
+		t.Errorf("lease TTL %v, drain timeout %v, retention %v; want 1m, 1m30s, 720h", cfg.LeaseTTL, cfg.DrainTimeout, cfg.FinishedRunRetention)
 	}
 	if _, _, err := parseServe([]string{"--lease-ttl", "15"}, noEnv); err == nil || !strings.Contains(err.Error(), "--lease-ttl") ||
 		!strings.Contains(err.Error(), "write 15s or 15m") {

@@ -131,7 +131,7 @@ func TestMetricsListenerServesTheStatusPage(t *testing.T) {
 
 // stepLiveRun creates run id from spec, registers its rank 0 and completes
 // step 1 after an iteration of iter seconds: a live run with a decision.
-func stepLiveRun(t *testing.T, c *coordinator, id string, spec *v1.RunSpec, iter float64) *v1.CompleteStepResponse {
+func stepLiveRun(t *testing.T, c *served, id string, spec *v1.RunSpec, iter float64) *v1.CompleteStepResponse {
 	t.Helper()
 	conn := dialWith(t, c.addr, nil)
 	runs, workers := v1.NewRunServiceClient(conn), v1.NewWorkerServiceClient(conn)

@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -19,6 +18,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+	"github.com/snapcoord/snapcoord/coordinator"
 )
 
 const (
@@ -164,17 +164,17 @@ func TestServeRefusesOpenNonLoopbackListen(t *testing.T) {
 		tokens int
 		refuse bool
 	}{
-		{"loopback v4", serveConfig{listen: "127.0.0.1:7070"}, 0, false},
-		{"loopback v6", serveConfig{listen: "[::1]:7070"}, 0, false},
-		{"localhost", serveConfig{listen: "localhost:7070"}, 0, false},
-		{"all interfaces", serveConfig{listen: ":7070"}, 0, true},
-		{"v6 any", serveConfig{listen: "[::]:7070"}, 0, true},
-		{"a host name", serveConfig{listen: "coordinator.example:7070"}, 0, true},
-		{"a LAN address", serveConfig{listen: "10.1.2.3:7070"}, 0, true},
-		{"with an admin token", serveConfig{listen: "0.0.0.0:7070"}, 1, false},
-		{"with --insecure", serveConfig{listen: "0.0.0.0:7070", insecure: true}, 0, false},
-		{"pprof on a non-loopback metrics address", serveConfig{listen: "0.0.0.0:7070", metricsListen: "0.0.0.0:7071", pprof: true}, 1, true},
-		{"pprof with --insecure", serveConfig{listen: "0.0.0.0:7070", metricsListen: "0.0.0.0:7071", pprof: true, insecure: true}, 0, false},
+		{"loopback v4", serveConfig{Config: coordinator.Config{Listen: "127.0.0.1:7070"}}, 0, false},
+		{"loopback v6", serveConfig{Config: coordinator.Config{Listen: "[::1]:7070"}}, 0, false},
+		{"localhost", serveConfig{Config: coordinator.Config{Listen: "localhost:7070"}}, 0, false},
+		{"all interfaces", serveConfig{Config: coordinator.Config{Listen: ":7070"}}, 0, true},
+		{"v6 any", serveConfig{Config: coordinator.Config{Listen: "[::]:7070"}}, 0, true},
+		{"a host name", serveConfig{Config: coordinator.Config{Listen: "coordinator.example:7070"}}, 0, true},
+		{"a LAN address", serveConfig{Config: coordinator.Config{Listen: "10.1.2.3:7070"}}, 0, true},
+		{"with an admin token", serveConfig{Config: coordinator.Config{Listen: "0.0.0.0:7070"}}, 1, false},
+		{"with --insecure", serveConfig{Config: coordinator.Config{Listen: "0.0.0.0:7070", Insecure: true}}, 0, false},
+		{"pprof on a non-loopback metrics address", serveConfig{Config: coordinator.Config{Listen: "0.0.0.0:7070", MetricsListen: "0.0.0.0:7071", Pprof: true}}, 1, true},
+		{"pprof with --insecure", serveConfig{Config: coordinator.Config{Listen: "0.0.0.0:7070", MetricsListen: "0.0.0.0:7071", Pprof: true, Insecure: true}}, 0, false},
 	}
 	for _, tt := range tests {
 		if err := tt.cfg.checkExposure(tt.tokens); (err != nil) != tt.refuse {
@@ -316,7 +316,7 @@ func TestLimitsFromFlags(t *testing.T) {
 }
 
 func TestReflectionModes(t *testing.T) {
-	list := func(ctx context.Context, c *coordinator) error {
+	list := func(ctx context.Context, c *served) error {
 		s, err := reflectionpb.NewServerReflectionClient(dialWith(t, c.addr, nil)).ServerReflectionInfo(ctx)
 		if err != nil {
 			return err
@@ -348,43 +348,9 @@ func TestReflectionModes(t *testing.T) {
 		{"auth", "127.0.0.1:7070", true, false},
 		{"off", "127.0.0.1:7070", false, false},
 	} {
-		serve, open := serveConfig{reflection: tt.reflection, listen: tt.listen}.reflectionAccess()
+		serve, open := coordinator.Config{Reflection: coordinator.Reflection(tt.reflection), Listen: tt.listen}.ReflectionAccess()
 		if serve != tt.serve || open != tt.open {
 			t.Errorf("--reflection %s on %s: serve %v open %v, want %v %v", tt.reflection, tt.listen, serve, open, tt.serve, tt.open)
 		}
-	}
-}
-
-// fakeHealth answers each Healthy call with the next value the test sends,
-// so the test knows which tick saw which answer.
-type fakeHealth struct{ answers chan error }
-
-func (f fakeHealth) Healthy() error { return <-f.answers }
-
-type fakeMarker struct{ marked chan error }
-
-func (f fakeMarker) MarkUnhealthy(err error) { f.marked <- err }
-
-// The watcher marks the server unhealthy at the first tick after the
-// engine reports a failed commit, once, and then stops asking.
-func TestHealthWatchMarksUnhealthy(t *testing.T) {
-	eng := fakeHealth{answers: make(chan error)}
-	srv := fakeMarker{marked: make(chan error, 2)}
-	tick := make(chan time.Time)
-	stop := startHealthWatch(eng, srv, tick)
-	defer stop()
-	tick <- time.Now()
-	eng.answers <- nil // healthy: nothing happens
-	failure := errors.New("store: commit failed")
-	tick <- time.Now()
-	eng.answers <- failure
-	if err := <-srv.marked; !errors.Is(err, failure) {
-		t.Errorf("MarkUnhealthy(%v), want %v", err, failure)
-	}
-	stop() // the watcher has returned; stop must not hang, and may be called again
-	select {
-	case err := <-srv.marked:
-		t.Errorf("marked twice: %v", err)
-	default:
 	}
 }

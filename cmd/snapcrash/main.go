@@ -33,7 +33,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/snapcoord/snapcoord/client"
-	"github.com/snapcoord/snapcoord/cmd/internal/coordproc"
+	"github.com/snapcoord/snapcoord/internal/coordproc"
 )
 
 func main() {

@@ -2,37 +2,21 @@ package main
 
 import (
 	"bytes"
-	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 	"github.com/snapcoord/snapcoord/client"
-	"github.com/snapcoord/snapcoord/cmd/internal/coordproc"
+	"github.com/snapcoord/snapcoord/internal/coordproc"
 )
 
 var snapcoordBin string
 
 // TestMain builds the coordinator the loop kills.
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "snapcrash-test-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	snapcoordBin = filepath.Join(dir, "snapcoord")
-	out, err := exec.Command("go", "build", "-o", snapcoordBin, "github.com/snapcoord/snapcoord/cmd/snapcoord").CombinedOutput()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "go build snapcoord: %v\n%s", err, out)
-		os.Exit(1)
-	}
-	code := m.Run()
-	_ = os.RemoveAll(dir)
-	os.Exit(code)
+	os.Exit(coordproc.Main(m, &snapcoordBin))
 }
 
 func shortLoop(inject bool) config {

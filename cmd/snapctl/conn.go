@@ -7,7 +7,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/snapcoord/snapcoord/client"
-	"github.com/snapcoord/snapcoord/cmd/internal/loopback"
+	"github.com/snapcoord/snapcoord/internal/loopback"
 )
 
 // dial connects with the admin token of --token or --token-file, and with

@@ -66,7 +66,7 @@ func TestTransportFlagBeatsTheOtherVariable(t *testing.T) {
 	dir := t.TempDir()
 	ca := testpki.NewCA(t, dir, "ca")
 	cert := ca.Issue(t, dir, "server", x509.ExtKeyUsageServerAuth)
-	tls := startServer(t, "--tls-cert", cert.CertFile, "--tls-key", cert.KeyFile)
+	tls := startTLSServer(t, ca, cert)
 	// tls.env sets SNAPCOORD_PLAINTEXT=1, as a user who exported it would.
 	if r := tls.snapctl("run", "list", "--ca-file", ca.File); r.code != 0 {
 		t.Errorf("--ca-file with SNAPCOORD_PLAINTEXT=1: exit %d: %s", r.code, r.stderr)

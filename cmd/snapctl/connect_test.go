@@ -36,7 +36,7 @@ func TestConnectionFailuresFailFast(t *testing.T) {
 	ca := testpki.NewCA(t, dir, "ca")
 	other := testpki.NewCA(t, dir, "other-ca")
 	cert := ca.Issue(t, dir, "server", x509.ExtKeyUsageServerAuth)
-	tlsServer := startServer(t, "--tls-cert", cert.CertFile, "--tls-key", cert.KeyFile)
+	tlsServer := startTLSServer(t, ca, cert)
 	closed := closedPort(t)
 
 	for _, tc := range []struct {

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"time"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -12,7 +13,6 @@ import (
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 	"github.com/snapcoord/snapcoord/client"
 	"github.com/snapcoord/snapcoord/enumtext"
-	"github.com/snapcoord/snapcoord/server/deadline"
 )
 
 func setupRunExplain(fs *flag.FlagSet, c *cli) func(context.Context, []string) error {
@@ -116,8 +116,15 @@ func verdict(d *v1.Decision) string {
 	if in.GetMustSaveBy() == nil {
 		return actionWord(d.GetAction()) + ": " + d.GetExplanation()
 	}
-	end := d.GetDecidedAt().AsTime().Add(estimates(in).Total())
 	b := in.GetMustSaveBy().AsTime()
+	// fires_at is B - (S + I + C + R + M) as the coordinator added them, so
+	// the sum's end is the coordinator's own to the nanosecond.
+	total := seconds(in.GetRegularSaveSeconds() + in.GetIterationSeconds() + in.GetCheckpointSeconds() +
+		in.GetSaveReserveSeconds() + in.GetMarginSeconds())
+	if in.GetFiresAt() != nil {
+		total = b.Sub(in.GetFiresAt().AsTime())
+	}
+	end := d.GetDecidedAt().AsTime().Add(total)
 	sum := fmt.Sprintf("%s + %s + %s + %s", secs(in.GetIterationSeconds()), secs(in.GetCheckpointSeconds()),
 		secs(in.GetSaveReserveSeconds()), secs(in.GetMarginSeconds()))
 	if in.RegularSaveSeconds != nil {
@@ -176,15 +183,10 @@ func explainNoStep(w io.Writer, run *v1.Run) {
 		fmt.Fprintf(w, ", a step completing from %s on saves and stops", stamp(f))
 	}
 	fmt.Fprintln(w, ".")
-	preStep := b.Add(-estimates(in).Save())
+	preStep := b.Add(-seconds(in.GetCheckpointSeconds() + in.GetSaveReserveSeconds() + in.GetMarginSeconds()))
 	fmt.Fprintf(w, "If snapshots are on and no step completes by B - (C + R + M) = %s (%s), the environment\n"+
 		"workers save the bootstrap state and the run stops.\n", stamp(timestamppb.New(preStep)), relative(preStep, time.Now()))
 }
 
-// estimates are a decision's inputs as the rule adds them, to the
-// nanosecond the coordinator used.
-func estimates(in *v1.Deadline) deadline.Estimates {
-	return deadline.Estimates{Iteration: in.GetIterationSeconds(), Checkpoint: in.GetCheckpointSeconds(),
-		Reserve: in.GetSaveReserveSeconds(), Margin: in.GetMarginSeconds(),
-		RegularSave: in.GetRegularSaveSeconds(), RegularSaveFollows: in.RegularSaveSeconds != nil}
-}
+// seconds converts an API's seconds to a duration, for display.
+func seconds(s float64) time.Duration { return time.Duration(math.Round(s * float64(time.Second))) }

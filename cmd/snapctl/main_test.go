@@ -1,9 +1,8 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
-	"encoding/json"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"os"
@@ -15,10 +14,14 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/goleak"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/snapcoord/snapcoord/internal/coordproc"
 	"github.com/snapcoord/snapcoord/internal/logsink"
+	"github.com/snapcoord/snapcoord/internal/testpki"
 )
 
 // The tests run the built binaries: snapctl against a real snapcoord.
@@ -33,8 +36,11 @@ func TestMain(m *testing.M) {
 	code := 1
 	if err := buildBinaries(dir); err != nil {
 		fmt.Fprintln(os.Stderr, err)
-	} else {
-		code = m.Run()
+	} else if code = m.Run(); code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintf(os.Stderr, "goroutines leaked: %v\n", err)
+			code = 1
+		}
 	}
 	os.RemoveAll(dir)
 	os.Exit(code)
@@ -69,36 +75,31 @@ func baseEnv() []string {
 
 // server is a snapcoord process on a free loopback port.
 type server struct {
-	t    *testing.T
-	addr string
-	proc *proc
+	t     *testing.T
+	addr  string
+	coord *coordproc.Proc
 }
 
-// startServer starts snapcoord serve with flags added to the tests' own
-// (--tls-cert and --tls-key for a TLS server).
+// startServer starts snapcoord serve with flags added to the tests' own.
 func startServer(t *testing.T, flags ...string) *server {
 	t.Helper()
-	p := startProc(t, append(baseEnv(), "SNAPCOORD_ADMIN_TOKEN="+adminToken), bin.snapcoord, append([]string{"serve",
-		"--listen", "127.0.0.1:0", "--data-dir", t.TempDir(), "--metrics-listen", "",
-		"--log-format", "json", "--heartbeat-interval", "200ms", "--lease-ttl", "1s"}, flags...)...)
-	var addr string
-	p.waitFor(t, "the server to listen", func(out string) bool {
-		addr = servingAddr(out)
-		return addr != ""
-	})
-	return &server{t: t, addr: addr, proc: p}
+	return startServerWith(t, nil, flags...)
 }
 
-// servingAddr finds the address in the "serving" log line.
-func servingAddr(logs string) string {
-	sc := bufio.NewScanner(strings.NewReader(logs))
-	for sc.Scan() {
-		var rec struct{ Msg, Addr string }
-		if json.Unmarshal(sc.Bytes(), &rec) == nil && rec.Msg == "serving" {
-			return rec.Addr
-		}
-	}
-	return ""
+// startTLSServer serves TLS with cert, issued by ca.
+func startTLSServer(t *testing.T, ca *testpki.CA, cert testpki.Leaf) *server {
+	t.Helper()
+	creds := credentials.NewTLS(&tls.Config{RootCAs: ca.Pool, MinVersion: tls.VersionTLS12})
+	return startServerWith(t, creds, "--tls-cert", cert.CertFile, "--tls-key", cert.KeyFile)
+}
+
+func startServerWith(t *testing.T, creds credentials.TransportCredentials, flags ...string) *server {
+	t.Helper()
+	p := coordproc.ForTest(t, coordproc.Config{Bin: bin.snapcoord, DataDir: t.TempDir(), Creds: creds,
+		Env: []string{"SNAPCOORD_ADMIN_TOKEN=" + adminToken},
+		Args: append([]string{"--metrics-listen", "", "--log-format", "json", "--heartbeat-interval", "200ms", "--lease-ttl", "1s"},
+			flags...)})
+	return &server{t: t, addr: p.Addr, coord: p}
 }
 
 // env is what snapctl sees: this server, plaintext, the admin token.

@@ -10,6 +10,7 @@ import (
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 	"github.com/snapcoord/snapcoord/client"
+	"github.com/snapcoord/snapcoord/internal/spectest"
 )
 
 // A run whose B had passed before its first step: the step is decided
@@ -55,11 +56,10 @@ func TestRegularSaveShown(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cl.Close()
-	resp, err := cl.Runs.CreateRun(t.Context(), &v1.CreateRunRequest{RunId: "r1", Spec: &v1.RunSpec{
-		TrainerWorldSize: 1,
-		Checkpointing:    &v1.CheckpointingSpec{CheckpointMustSaveBy: "00:01:00:00", CheckpointEverySteps: 2},
-		Reserve:          &v1.ReserveSpec{ExpectedCheckpointSeconds: proto.Float64(120), MarginSeconds: 30},
-	}})
+	spec := spectest.Checkpointed(1, "00:01:00:00")
+	spec.Checkpointing.CheckpointEverySteps = 2
+	spec.Reserve = &v1.ReserveSpec{ExpectedCheckpointSeconds: proto.Float64(120), MarginSeconds: 30}
+	resp, err := cl.Runs.CreateRun(t.Context(), &v1.CreateRunRequest{RunId: "r1", Spec: spec})
 	if err != nil {
 		t.Fatal(err)
 	}

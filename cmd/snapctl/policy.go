@@ -8,7 +8,6 @@ import (
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 	"github.com/snapcoord/snapcoord/enumtext"
-	"github.com/snapcoord/snapcoord/server/deadline"
 )
 
 // parsePolicy accepts "max", "expected-loss", "expected_loss" or the enum
@@ -19,6 +18,9 @@ func parsePolicy(s string) (v1.ReservePolicy, error) {
 	}
 	return 0, fmt.Errorf("%q is not a policy (max, expected-loss)", s)
 }
+
+// defaultTau is τ when max_loss_seconds is 0, as run.proto documents it.
+const defaultTau = 25 * time.Minute
 
 func expectedLoss(r *v1.Run) bool {
 	return r.GetSpec().GetReserve().GetPolicy() == v1.ReservePolicy_RESERVE_POLICY_EXPECTED_LOSS
@@ -32,7 +34,7 @@ func describePolicy(r *v1.Run) string {
 	case v1.ReservePolicy_RESERVE_POLICY_EXPECTED_LOSS:
 		tau, def := res.GetMaxLossSeconds(), ""
 		if tau == 0 {
-			tau, def = deadline.DefaultTau.Seconds(), " (the default)"
+			tau, def = defaultTau.Seconds(), " (the default)"
 		}
 		safety := ""
 		if res.GetSafetySaves() {

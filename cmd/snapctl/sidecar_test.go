@@ -258,7 +258,7 @@ func TestSidecarRunsSeveralWorkersOverOneConnection(t *testing.T) {
 			t.Errorf("stop hook of worker %d: %q, %v; want %s", i, b, err, name)
 		}
 	}
-	if peers := registrationPeers(t, s.proc.out.String(), "node"); len(peers) != 1 {
+	if peers := registrationPeers(t, s.coord.Log(), "node"); len(peers) != 1 {
 		t.Errorf("the workers registered from %d connections (%v), want one", len(peers), peers)
 	}
 }

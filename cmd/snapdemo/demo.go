@@ -29,17 +29,19 @@ func run(ctx context.Context, cfg config) (err error) {
 	}
 	defer os.RemoveAll(dir)
 	out := newTimeline()
-	coord, err := coordproc.Start(ctx, cfg.snapcoord, dir, cleanEnv(),
-		"--metrics-listen", "", "--heartbeat-interval", "1s", "--lease-ttl", "5s")
+	coord, err := coordproc.Start(ctx, coordproc.Config{
+		Bin: cfg.snapcoord, DataDir: filepath.Join(dir, "data"), LogPath: filepath.Join(dir, "coordinator.log"),
+		Args: []string{"--log-format", "json", "--metrics-listen", "", "--heartbeat-interval", "1s", "--lease-ttl", "5s"},
+	})
 	if err != nil {
 		return err
 	}
 	defer func() {
-		if stopErr := coord.Stop(); stopErr != nil && err == nil {
+		if stopErr := coord.Stop(15 * time.Second); stopErr != nil && err == nil {
 			err = stopErr
 		}
 		if err != nil {
-			fmt.Fprintf(os.Stderr, "--- coordinator log (last 40 lines) ---\n%s\n", coord.Tail(40))
+			fmt.Fprintf(os.Stderr, "%s\n", coord.Tail(40))
 		}
 	}()
 	out.say("demo", "coordinator on %s, data in %s", coord.Addr, filepath.Join(dir, "data"))

@@ -4,29 +4,18 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"os"
 	"os/exec"
 	"strings"
 	"sync"
 	"syscall"
-)
 
-// cleanEnv is this process's environment without SNAPCOORD_* variables: a
-// developer's own settings must not change the demo.
-func cleanEnv(extra ...string) []string {
-	var out []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "SNAPCOORD_") {
-			out = append(out, kv)
-		}
-	}
-	return append(out, extra...)
-}
+	"github.com/snapcoord/snapcoord/internal/coordproc"
+)
 
 // snapctl runs snapctl against the coordinator and returns its stdout.
 func (d *demo) snapctl(ctx context.Context, args ...string) (string, error) {
 	cmd := exec.CommandContext(ctx, d.cfg.snapctl, args...)
-	cmd.Env = cleanEnv("SNAPCOORD_ADDR="+d.addr, "SNAPCOORD_PLAINTEXT=1")
+	cmd.Env = coordproc.CleanEnv("SNAPCOORD_ADDR="+d.addr, "SNAPCOORD_PLAINTEXT=1")
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
@@ -68,7 +57,7 @@ func (d *demo) startSidecar(i int) (*sidecar, error) {
 	sc := &sidecar{name: fmt.Sprintf("env-%d", i), done: make(chan error, 1)}
 	sc.cmd = exec.Command(d.cfg.snapctl, "sidecar", "--name", sc.name, "--on-snapshot", snapshotHook,
 		"--on-stop", stopHook, "--log-level", "warn")
-	sc.cmd.Env = cleanEnv("SNAPCOORD_ADDR="+d.addr, "SNAPCOORD_PLAINTEXT=1", "SNAPCOORD_RUN_ID="+runID,
+	sc.cmd.Env = coordproc.CleanEnv("SNAPCOORD_ADDR="+d.addr, "SNAPCOORD_PLAINTEXT=1", "SNAPCOORD_RUN_ID="+runID,
 		"SNAPCOORD_RUN_TOKEN="+d.token, fmt.Sprintf("DEMO_WORKER=%d", i))
 	lines := &lineWriter{emit: func(line string) { d.out.say(sc.name, "%s", line) }}
 	sc.cmd.Stdout, sc.cmd.Stderr = lines, lines

@@ -47,12 +47,15 @@ func check(ctx context.Context, snapcoord, chromium, out string) error {
 		return err
 	}
 	defer os.RemoveAll(work)
-	c, err := coordproc.Start(ctx, snapcoord, work, append(os.Environ(), "SNAPCOORD_ADMIN_TOKEN="+adminToken),
-		"--heartbeat-interval", "1s", "--lease-ttl", "5s")
+	c, err := coordproc.Start(ctx, coordproc.Config{
+		Bin: snapcoord, DataDir: filepath.Join(work, "data"), LogPath: filepath.Join(work, "coordinator.log"), Metrics: true,
+		Env:  []string{"SNAPCOORD_ADMIN_TOKEN=" + adminToken},
+		Args: []string{"--log-format", "json", "--heartbeat-interval", "1s", "--lease-ttl", "5s"},
+	})
 	if err != nil {
 		return err
 	}
-	defer func() { _ = c.Stop() }()
+	defer func() { _ = c.Stop(15 * time.Second) }()
 	log.Printf("coordinator: gRPC %s, status page http://%s/", c.Addr, c.MetricsAddr)
 	if err := driveRun(ctx, c.Addr, "ui-check"); err != nil {
 		return fmt.Errorf("drive the run: %w\ncoordinator log:\n%s", err, c.Tail(40))

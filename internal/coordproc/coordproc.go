@@ -1,125 +1,356 @@
-// Package coordproc runs the snapcoord binary as a child process for the
-// tools that drive a real coordinator (make demo, make ui-check): on free
-// loopback ports, a temporary data directory and a JSON log in a file,
-// returning once it serves, and stopped with SIGTERM as an operator would.
+// Package coordproc runs the snapcoord binary as a child process, for
+// every test and tool that drives the real binary (integration and
+// cmd/snapcoord process tests, snapbench, snapcrash, snapdemo,
+// snapuicheck): it builds the binary once, starts it on a free loopback
+// port and a data directory with its log in a file, returns once the health
+// service reports SERVING, and stops it with SIGTERM (drain) or SIGKILL
+// (crash). It also reads the process's CPU time and resident memory from
+// /proc for the measurement tools.
 package coordproc
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
+	"net"
 	"os"
 	"os/exec"
-	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 )
 
-// Process is a running coordinator.
-type Process struct {
-	// Addr is the gRPC address; MetricsAddr the metrics listener's, empty
-	// when args turned it off.
+// Config describes one coordinator.
+type Config struct {
+	// Bin is the snapcoord binary (see Build).
+	Bin string
+	// Command is the subcommand; default "serve". It is given --listen,
+	// and --data-dir when DataDir is set.
+	Command string
+	// DataDir is its --data-dir; it survives restarts.
+	DataDir string
+	// Addr is the gRPC address; empty picks a free loopback port once, kept
+	// across restarts so that clients reconnect to the same address.
+	Addr string
+	// Metrics serves the metrics listener (and status page) on a free
+	// loopback port, kept across restarts (Proc.MetricsAddr). Without it,
+	// Args decide (serve's default is 127.0.0.1:7071).
+	Metrics bool
+	// LogPath receives the process's stdout and stderr (appended).
+	LogPath string
+	// Args are extra flags; they come last and win.
+	Args []string
+	// Env is added to this process's environment, from which every
+	// SNAPCOORD_* variable is removed first (see CleanEnv).
+	Env []string
+	// StartTimeout bounds the wait for SERVING; default 60 s.
+	StartTimeout time.Duration
+	// Creds are what the SERVING check connects with when the coordinator
+	// serves TLS (--tls-cert); nil is plaintext.
+	Creds credentials.TransportCredentials
+}
+
+// Proc is a running (or exited) coordinator.
+type Proc struct {
+	cfg    Config
+	cmd    *exec.Cmd
+	exited chan struct{}
+	// Addr is where it serves gRPC; MetricsAddr its metrics listener, when
+	// Config.Metrics.
 	Addr, MetricsAddr string
-
-	cmd     *exec.Cmd
-	logPath string
-	done    chan struct{}
+	// Ready is how long it took from process start to SERVING.
+	Ready time.Duration
 }
 
-// Start runs `bin serve` on 127.0.0.1:0 (gRPC and metrics) with its data in
-// dir/data and its log in dir/coordinator.log, env as its whole
-// environment; args come last and win. It returns once the coordinator
-// logs that it serves.
-func Start(ctx context.Context, bin, dir string, env []string, args ...string) (*Process, error) {
-	p := &Process{logPath: filepath.Join(dir, "coordinator.log"), done: make(chan struct{})}
-	base := []string{"serve", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
-		"--data-dir", filepath.Join(dir, "data"), "--log-format", "json"}
-	p.cmd = exec.Command(bin, append(base, args...)...)
-	p.cmd.Env = env
-	logFile, err := os.Create(p.logPath)
+// Start starts the coordinator and returns once its health service answers
+// SERVING, or with an error that quotes the end of its log.
+func Start(ctx context.Context, cfg Config) (*Proc, error) {
+	if err := cfg.fill(); err != nil {
+		return nil, err
+	}
+	log, err := os.OpenFile(cfg.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("coordinator log: %w", err)
+	}
+	defer log.Close() // the child has its own descriptor
+	p := &Proc{cfg: cfg, Addr: cfg.Addr, MetricsAddr: cfg.metricsAddr(), exited: make(chan struct{})}
+	p.cmd = exec.Command(cfg.Bin, cfg.args()...)
+	p.cmd.Env = CleanEnv(cfg.Env...)
+	// A tool that dies takes its coordinator with it.
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	p.cmd.Stdout, p.cmd.Stderr = log, log
+	// Prepared before the start so that it adds nothing to Ready.
+	creds := cfg.Creds
+	if creds == nil {
+		creds = insecure.NewCredentials()
+	}
+	conn, err := grpc.NewClient(cfg.Addr,
+		grpc.WithTransportCredentials(creds),
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 2 * time.Millisecond, Multiplier: 1, MaxDelay: 2 * time.Millisecond},
+			MinConnectTimeout: time.Second,
+		}))
 	if err != nil {
 		return nil, err
 	}
-	stderr, err := p.cmd.StderrPipe()
-	if err != nil {
-		_ = logFile.Close()
-		return nil, err
-	}
+	defer conn.Close()
+	start := time.Now()
 	if err := p.cmd.Start(); err != nil {
-		_ = logFile.Close()
-		return nil, fmt.Errorf("start %s: %w", bin, err)
+		return nil, fmt.Errorf("start %s: %w", cfg.Bin, err)
 	}
-	addrs := make(chan [2]string, 1)
 	go func() {
-		scanLog(stderr, logFile, addrs)
 		_ = p.cmd.Wait()
-		_ = logFile.Close()
-		close(p.done)
+		close(p.exited)
 	}()
-	select {
-	case a := <-addrs:
-		p.MetricsAddr, p.Addr = a[0], a[1]
-		return p, nil
-	case <-p.done:
-		return nil, errors.New("the coordinator exited before serving:\n" + p.Tail(40))
-	case <-time.After(15 * time.Second):
-	case <-ctx.Done():
+	if err := p.awaitServing(ctx, conn); err != nil {
+		p.kill()
+		return nil, fmt.Errorf("%w\n%s", err, p.Tail(30))
 	}
-	_ = p.Stop()
-	return nil, errors.New("the coordinator did not start serving")
+	p.Ready = time.Since(start)
+	return p, nil
 }
 
-// scanLog copies the JSON log to w and sends the metrics and gRPC
-// addresses once the "serving" line is out ("metrics listening" comes
-// before it).
-func scanLog(r io.Reader, w io.Writer, addrs chan<- [2]string) {
-	sc := bufio.NewScanner(r)
-	var metrics string
-	for sc.Scan() {
-		fmt.Fprintln(w, sc.Text())
-		var rec struct{ Msg, Addr string }
-		if json.Unmarshal(sc.Bytes(), &rec) != nil || rec.Addr == "" {
-			continue
-		}
-		switch rec.Msg {
-		case "metrics listening":
-			metrics = rec.Addr
-		case "serving":
-			select {
-			case addrs <- [2]string{metrics, rec.Addr}:
-			default:
-			}
+// fill applies the defaults and picks the free ports.
+func (c *Config) fill() error {
+	if c.StartTimeout <= 0 {
+		c.StartTimeout = time.Minute
+	}
+	if c.Command == "" {
+		c.Command = "serve"
+	}
+	if c.LogPath == "" {
+		return errors.New("coordproc: Config.LogPath is required")
+	}
+	var err error
+	if c.Addr == "" {
+		if c.Addr, err = FreePort(); err != nil {
+			return err
 		}
 	}
-}
-
-// Stop drains the coordinator with SIGTERM; after 15 s it is killed. The
-// error says if it did not exit 0.
-func (p *Process) Stop() error {
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(15 * time.Second):
-		_ = p.cmd.Process.Kill()
-		<-p.done
-		return errors.New("the coordinator did not stop within 15 s of SIGTERM")
-	}
-	if code := p.cmd.ProcessState.ExitCode(); code != 0 {
-		return fmt.Errorf("the coordinator exited %d", code)
+	if c.Metrics && !strings.Contains(strings.Join(c.Args, " "), "--metrics-listen") {
+		var addr string
+		if addr, err = FreePort(); err != nil {
+			return err
+		}
+		c.Args = append([]string{"--metrics-listen", addr}, c.Args...)
 	}
 	return nil
 }
 
-// Tail is the log's last n lines.
-func (p *Process) Tail(n int) string {
-	b, err := os.ReadFile(p.logPath)
-	if err != nil {
+// metricsAddr is the --metrics-listen that fill chose, if any.
+func (c Config) metricsAddr() string {
+	if !c.Metrics {
 		return ""
 	}
-	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
-	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+	for i, a := range c.Args {
+		if a == "--metrics-listen" && i+1 < len(c.Args) {
+			return c.Args[i+1]
+		}
+	}
+	return ""
+}
+
+func (c Config) args() []string {
+	args := []string{c.Command, "--listen", c.Addr}
+	if c.DataDir != "" {
+		args = append(args, "--data-dir", c.DataDir)
+	}
+	return append(args, c.Args...)
+}
+
+// awaitServing asks the health service until it says SERVING. Each check
+// waits for the connection, which retries every 2 ms, so the first SERVING
+// is seen within a few milliseconds of the process reaching it.
+func (p *Proc) awaitServing(ctx context.Context, conn *grpc.ClientConn) error {
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.StartTimeout)
+	defer cancel()
+	// A check waiting for the connection returns as soon as the process
+	// exits, not at the timeout.
+	go func() {
+		select {
+		case <-p.exited:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	health := healthpb.NewHealthClient(conn)
+	for {
+		resp, err := health.Check(ctx, &healthpb.HealthCheckRequest{}, grpc.WaitForReady(true))
+		if err == nil && resp.GetStatus() == healthpb.HealthCheckResponse_SERVING {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Millisecond):
+			continue
+		}
+		select {
+		case <-p.exited: // the exit ended ctx
+			return fmt.Errorf("%s exited before serving: %v", p.cfg.Bin, p.cmd.ProcessState)
+		default:
+			return fmt.Errorf("%s did not report SERVING within %s (last: %v, %v)", p.cfg.Bin, p.cfg.StartTimeout, resp.GetStatus(), err)
+		}
+	}
+}
+
+// Restart starts the same coordinator again: same binary, data directory,
+// addresses and flags. The previous process must have exited.
+func (p *Proc) Restart(ctx context.Context) (*Proc, error) {
+	cfg := p.cfg
+	cfg.Addr = p.Addr
+	return Start(ctx, cfg)
+}
+
+// Pid is the process id.
+func (p *Proc) Pid() int { return p.cmd.Process.Pid }
+
+// Exited is closed once the process has exited.
+func (p *Proc) Exited() <-chan struct{} { return p.exited }
+
+// Kill sends SIGKILL and waits for the process to be gone. It is an error
+// if the process had exited by itself (a race report exits 66 just before
+// the kill, say).
+func (p *Proc) Kill() error {
+	select {
+	case <-p.exited:
+		return fmt.Errorf("snapcoord had already exited: %v\n%s", p.cmd.ProcessState, p.Tail(30))
+	default:
+	}
+	p.kill()
+	if code := p.cmd.ProcessState.ExitCode(); code != -1 {
+		return fmt.Errorf("snapcoord exited %d before SIGKILL\n%s", code, p.Tail(30))
+	}
+	return nil
+}
+
+func (p *Proc) kill() {
+	_ = p.cmd.Process.Signal(syscall.SIGKILL)
+	<-p.exited
+}
+
+// Stop drains the coordinator with SIGTERM, as an operator would, and
+// kills it if it has not exited within timeout. It is an error if it did
+// not exit 0.
+func (p *Proc) Stop(timeout time.Duration) error {
+	select {
+	case <-p.exited:
+		return nil
+	default:
+	}
+	code, err := p.Signal(syscall.SIGTERM, timeout)
+	if err == nil && code != 0 {
+		err = fmt.Errorf("snapcoord exited %d\n%s", code, p.Tail(30))
+	}
+	return err
+}
+
+// Signal sends sig and waits up to timeout for the process to exit, then
+// kills it; it returns the exit code.
+func (p *Proc) Signal(sig os.Signal, timeout time.Duration) (exitCode int, err error) {
+	_ = p.cmd.Process.Signal(sig)
+	select {
+	case <-p.exited:
+		return p.cmd.ProcessState.ExitCode(), nil
+	case <-time.After(timeout):
+		p.kill()
+		return -1, fmt.Errorf("snapcoord did not stop within %s of %v\n%s", timeout, sig, p.Tail(30))
+	}
+}
+
+// Log is the whole log so far.
+func (p *Proc) Log() string {
+	b, _ := os.ReadFile(p.cfg.LogPath)
+	return string(b)
+}
+
+// Tail is the log's last n lines, headed by its path, for error messages.
+func (p *Proc) Tail(n int) string {
+	lines := strings.Split(strings.TrimRight(p.Log(), "\n"), "\n")
+	return "--- " + p.cfg.LogPath + " (last lines) ---\n" + strings.Join(lines[max(0, len(lines)-n):], "\n")
+}
+
+// CPU is the process's user plus system CPU time so far.
+func (p *Proc) CPU() (time.Duration, error) { return ProcessCPU(p.Pid()) }
+
+// RSS is the process's resident set size in bytes.
+func (p *Proc) RSS() (int64, error) { return ProcessRSS(p.Pid()) }
+
+// clockTicks is USER_HZ, the unit of /proc/<pid>/stat times; 100 on every
+// Linux architecture Go supports.
+const clockTicks = 100
+
+// ProcessCPU reads utime + stime of pid from /proc/<pid>/stat.
+func ProcessCPU(pid int) (time.Duration, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	// The command name (field 2) may contain spaces; fields after its
+	// closing parenthesis start at field 3 (state).
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0, errors.New("coordproc: malformed /proc stat")
+	}
+	f := strings.Fields(s[i+1:])
+	if len(f) < 13 {
+		return 0, errors.New("coordproc: short /proc stat")
+	}
+	utime, err1 := strconv.ParseInt(f[11], 10, 64) // field 14
+	stime, err2 := strconv.ParseInt(f[12], 10, 64) // field 15
+	if err := errors.Join(err1, err2); err != nil {
+		return 0, err
+	}
+	return time.Duration(utime+stime) * time.Second / clockTicks, nil
+}
+
+// ProcessRSS reads VmRSS of pid from /proc/<pid>/status, in bytes.
+func ProcessRSS(pid int) (int64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			f := strings.Fields(rest)
+			if len(f) < 1 {
+				break
+			}
+			kb, err := strconv.ParseInt(f[0], 10, 64)
+			if err != nil {
+				return 0, err
+			}
+			return kb * 1024, nil
+		}
+	}
+	return 0, errors.New("coordproc: no VmRSS in /proc status")
+}
+
+// FreePort returns a loopback address whose port was free a moment ago.
+func FreePort() (string, error) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	addr := lis.Addr().String()
+	return addr, lis.Close()
+}
+
+// CleanEnv is this process's environment without SNAPCOORD_* variables
+// (a developer's admin token or listen address), plus extra.
+func CleanEnv(extra ...string) []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "SNAPCOORD_") {
+			env = append(env, kv)
+		}
+	}
+	return append(env, extra...)
 }

@@ -6,37 +6,31 @@ import (
 	"google.golang.org/grpc"
 )
 
-// Config tunes the gRPC server. The zero value is usable: every zero field
-// takes the default documented on it.
+// Config tunes the gRPC server. A zero field leaves grpc-go's own default;
+// the coordinator's values, and why, are in coordinator.Defaults, which is
+// what `snapcoord serve` and the tests of the assembled coordinator run.
 type Config struct {
-	// MaxRecvMsgSize bounds one request message, in bytes. Default 1 MiB:
-	// the largest legitimate request (a CreateRun) is a few hundred bytes.
+	// MaxRecvMsgSize bounds one request message, in bytes.
 	MaxRecvMsgSize int
 	// MaxHeaderListSize bounds one call's metadata (its HTTP/2 header list,
-	// uncompressed), in bytes. Default 32 KiB: a call carries a token and
-	// trace headers. grpc-go's own default, 16 MiB, let a client with no
-	// token hold 16 MiB of decoded metadata per call (HPACK makes it a few
-	// KiB on the wire) by never sending the request: no interceptor, auth
-	// included, runs before the message arrives.
+	// uncompressed), in bytes.
 	MaxHeaderListSize uint32
 	// MaxConcurrentStreams bounds the RPCs open at once on one connection.
-	// Default 1024: one sidecar holds one stream, so this is generous.
 	MaxConcurrentStreams uint32
 
 	// KeepaliveMinTime is the shortest client ping interval tolerated;
-	// clients pinging more often are disconnected. Default 10s.
+	// clients pinging more often are disconnected.
 	KeepaliveMinTime time.Duration
 	// RejectPingsWithoutStream disconnects clients that ping with no RPC
-	// open. Off by default: idle workers between polls ping legitimately.
+	// open.
 	RejectPingsWithoutStream bool
-	// MaxConnectionIdle closes connections idle this long. Default 0:
-	// never, since workers may be idle for hours between commands.
+	// MaxConnectionIdle closes connections idle this long (0: never).
 	MaxConnectionIdle time.Duration
 	// KeepaliveTime is how long a connection may be silent before the
-	// server pings it, to notice dead workers. Default 30s.
+	// server pings it, to notice dead workers.
 	KeepaliveTime time.Duration
 	// KeepaliveTimeout is how long the server waits for that ping's ack
-	// before closing the connection. Default 10s.
+	// before closing the connection.
 	KeepaliveTimeout time.Duration
 
 	// DisableReflection leaves server reflection unregistered. It is on by
@@ -59,19 +53,18 @@ type Config struct {
 	ServerOptions []grpc.ServerOption
 }
 
-func (c Config) withDefaults() Config {
-	setDefault(&c.MaxRecvMsgSize, 1<<20)
-	setDefault(&c.MaxHeaderListSize, 32<<10)
-	setDefault(&c.MaxConcurrentStreams, 1024)
-	setDefault(&c.KeepaliveMinTime, 10*time.Second)
-	setDefault(&c.KeepaliveTime, 30*time.Second)
-	setDefault(&c.KeepaliveTimeout, 10*time.Second)
-	return c
-}
-
-func setDefault[T comparable](p *T, def T) {
-	var zero T
-	if *p == zero {
-		*p = def
+// sizeOptions are the size limits that are set; grpc-go reads a zero
+// limit as "nothing fits", not as its default.
+func (c Config) sizeOptions() []grpc.ServerOption {
+	var opts []grpc.ServerOption
+	if c.MaxRecvMsgSize > 0 {
+		opts = append(opts, grpc.MaxRecvMsgSize(c.MaxRecvMsgSize))
 	}
+	if c.MaxHeaderListSize > 0 {
+		opts = append(opts, grpc.MaxHeaderListSize(c.MaxHeaderListSize))
+	}
+	if c.MaxConcurrentStreams > 0 {
+		opts = append(opts, grpc.MaxConcurrentStreams(c.MaxConcurrentStreams))
+	}
+	return opts
 }

@@ -77,7 +77,7 @@ func TestShutdownKeepsAnAnswerBeingWritten(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		ts := serveTestServer(t, srv, logs)
+		ts := serveUnitServer(t, srv, logs)
 		answered := make(chan error, 1)
 		go func() {
 			_, err := ts.runs.GetRun(t.Context(), &v1.GetRunRequest{RunId: "r1"})

@@ -1,14 +1,18 @@
 package grpcserver_test
 
-// Fuzzing of each RPC's request handling through the real chain: a bbolt
-// file, the engine, and grpcserver.New's interceptors (drain, protovalidate,
-// recovery) in front of the handlers, over a loopback connection. The run
-// token check (server/auth) sits outside this chain and is not fuzzed here:
-// every request reaches validation and the engine.
+// Fuzzing of each RPC's request handling through the coordinator as built
+// (package coordinator): a bbolt file, the engine, and the production
+// interceptor chain (logging, auth, drain, protovalidate, recovery) in front
+// of the handlers, over a loopback connection. RunService is open (no admin
+// token); a WorkerService request carries the run token of the fixture run
+// it names, or, naming another run, a fixture's token, so that every request
+// that names its own run reaches validation and the engine.
 //
 // Properties, for any bytes that unmarshal into the request:
 //   - no panic and no INTERNAL, UNKNOWN or UNIMPLEMENTED status;
-//   - a request protovalidate rejects gets INVALID_ARGUMENT; one it accepts
+//   - a WorkerService request naming a run other than its token's gets
+//     PERMISSION_DENIED;
+//   - otherwise, a request protovalidate rejects gets INVALID_ARGUMENT; one it accepts
 //     gets OK or a domain status (NOT_FOUND, FAILED_PRECONDITION, ...), and
 //     never hangs;
 //   - after an accepted request the state is consistent: the run it named
@@ -25,8 +29,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -37,15 +39,16 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+	"github.com/snapcoord/snapcoord/coordinator/coordtest"
+	"github.com/snapcoord/snapcoord/internal/spectest"
 	"github.com/snapcoord/snapcoord/runstate"
-	"github.com/snapcoord/snapcoord/server/engine"
-	"github.com/snapcoord/snapcoord/server/grpcserver"
 	"github.com/snapcoord/snapcoord/store"
 )
 
@@ -220,16 +223,15 @@ type fuzzEnv struct {
 	dir       string
 	validator protovalidate.Validator
 
-	db      *store.DB
-	eng     *engine.Engine
-	srv     *grpcserver.Server
-	served  chan error
+	coord   *coordtest.Instance
+	db      *store.DB // the coordinator's, for consistency checks
 	conn    *grpc.ClientConn
 	runs    v1.RunServiceClient
 	workers v1.WorkerServiceClient
 
 	fixtures [fixtureRuns]*fixture
-	accepted int // requests answered OK, for the periodic deeper checks
+	tokens   map[string]string // fixture run tokens, by run id
+	accepted int               // requests answered OK, for the periodic deeper checks
 }
 
 const fixtureRuns = 3
@@ -247,71 +249,35 @@ func newFuzzEnv(f *testing.F) *fuzzEnv {
 	if err != nil {
 		f.Fatal(err)
 	}
-	e := &fuzzEnv{dir: f.TempDir(), validator: v}
-	if err := e.start(); err != nil {
-		f.Fatal(err)
-	}
-	f.Cleanup(func() {
-		if err := e.stop(); err != nil {
-			f.Error(err)
-		}
-	})
+	e := &fuzzEnv{dir: f.TempDir(), validator: v, tokens: map[string]string{}}
+	e.start(f)
+	f.Cleanup(func() { e.stop() })
 	return e
 }
 
-func (e *fuzzEnv) start() error {
-	db, err := store.Open(filepath.Join(e.dir, "snapcoord.db"), store.Options{})
+func (e *fuzzEnv) start(t testing.TB) {
+	t.Helper()
+	cfg := coordtest.Config(e.dir)
+	cfg.LeaseTTL, cfg.Test.MaxPollWait = time.Hour, 20*time.Millisecond
+	e.coord = coordtest.Serve(t, cfg)
+	conn, err := grpc.NewClient(e.coord.Addr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
-		return err
+		t.Fatalf("dial: %v", err)
 	}
-	logger := slog.New(slog.DiscardHandler)
-	eng, err := engine.New(context.Background(), db, engine.Options{Logger: logger, MaxPollWait: 20 * time.Millisecond, LeaseTTL: time.Hour})
-	if err != nil {
-		_ = db.Close()
-		return fmt.Errorf("engine.New on the fuzzed state: %w", err)
-	}
-	srv, err := grpcserver.New(grpcserver.Config{}, eng, logger)
-	if err != nil {
-		eng.Close()
-		_ = db.Close()
-		return err
-	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		eng.Close()
-		_ = db.Close()
-		return err
-	}
-	e.served = make(chan error, 1)
-	go func() { e.served <- srv.Serve(lis) }()
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		return err
-	}
-	e.db, e.eng, e.srv, e.conn = db, eng, srv, conn
+	e.db, e.conn = e.coord.Store(), conn
 	e.runs, e.workers = v1.NewRunServiceClient(conn), v1.NewWorkerServiceClient(conn)
-	return nil
 }
 
-func (e *fuzzEnv) stop() error {
+func (e *fuzzEnv) stop() {
 	_ = e.conn.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	err := e.srv.Shutdown(ctx)
-	err = errors.Join(err, <-e.served)
-	e.eng.Close()
-	return errors.Join(err, e.db.Close())
+	e.coord.Stop()
 }
 
 // restart is a coordinator restart on the fuzzed file: it must load.
 func (e *fuzzEnv) restart(t *testing.T) {
 	t.Helper()
-	if err := e.stop(); err != nil {
-		t.Fatalf("stop: %v", err)
-	}
-	if err := e.start(); err != nil {
-		t.Fatalf("restart on the fuzzed state: %v", err)
-	}
+	e.stop()
+	e.start(t) // fails the test if the fuzzed state does not load
 }
 
 func (e *fuzzEnv) validate(m proto.Message) bool { return e.validator.Validate(m) == nil }
@@ -328,14 +294,12 @@ func (e *fuzzEnv) fixture(t *testing.T, k int) *fixture {
 		}
 	}
 	fx := &fixture{id: fmt.Sprintf("fixture-%d-%d", k, time.Now().UnixNano())}
-	_, err := e.runs.CreateRun(ctx, &v1.CreateRunRequest{RunId: fx.id, Spec: &v1.RunSpec{
-		TrainerWorldSize: 2,
-		Checkpointing:    &v1.CheckpointingSpec{CheckpointMustSaveBy: "01:00:00:00"},
-		RolloutRecovery:  &v1.RolloutRecoverySpec{TargetLevel: v1.TargetLevel_TARGET_LEVEL_TURN},
-	}})
+	created, err := e.runs.CreateRun(ctx, &v1.CreateRunRequest{RunId: fx.id, Spec: spectest.Turn(2, "01:00:00:00")})
 	if err != nil {
 		t.Fatalf("fixture CreateRun: %v", err)
 	}
+	e.tokens[fx.id] = created.GetRunToken()
+	ctx = withRunToken(ctx, created.GetRunToken())
 	for i, name := range []string{"rank-0", "rank-1", "env-0", "env-1"} {
 		req := &v1.RegisterWorkerRequest{RunId: fx.id, Role: v1.WorkerRole_WORKER_ROLE_TRAINER, Name: name, Rank: int32(i)}
 		if i >= 2 {
@@ -394,14 +358,54 @@ func (e *fuzzEnv) fuzzRPC(t *testing.T, rpcs []rpc, data []byte, method, anchor 
 		timeout = 100 * time.Millisecond
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), timeout)
+	ctx, own := e.credential(t, ctx, m.name, req)
 	err := m.call(ctx, e, req)
 	cancel()
+	if !own {
+		if status.Code(err) != codes.PermissionDenied {
+			t.Fatalf("%s(%v) with another run's token = %v, want PERMISSION_DENIED", m.name, req, err)
+		}
+		return
+	}
 	e.checkCode(t, m.name, req, err, e.validate(req), m.waits)
 	if err == nil {
 		if id, ok := stringField(req, "run_id"); ok {
 			e.checkState(t, id)
 		}
 	}
+}
+
+// credential gives a WorkerService call the run token a worker of the run
+// it names would send: its own for a fixture run (own is true), otherwise
+// fixture 0's. RunService calls need none (own is true).
+func (e *fuzzEnv) credential(t *testing.T, ctx context.Context, method string, req proto.Message) (_ context.Context, own bool) {
+	if !workerMethod(method) {
+		return ctx, true
+	}
+	runID, _ := stringField(req, "run_id")
+	if tok, ok := e.tokens[runID]; ok {
+		return withRunToken(ctx, tok), true
+	}
+	return withRunToken(ctx, e.tokens[e.fixture(t, 0).id]), false
+}
+
+func workerMethod(name string) bool {
+	desc := v1.WorkerService_ServiceDesc
+	for _, m := range desc.Methods {
+		if m.MethodName == name {
+			return true
+		}
+	}
+	for _, s := range desc.Streams {
+		if s.StreamName == name {
+			return true
+		}
+	}
+	return false
+}
+
+func withRunToken(ctx context.Context, token string) context.Context {
+	return metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+token)
 }
 
 // checkCode is the property every answer must have.

@@ -1,41 +1,44 @@
-package grpcserver
+package grpcserver_test
 
 import (
 	"context"
 	"log/slog"
-	"net"
-	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+	"github.com/snapcoord/snapcoord/coordinator/coordtest"
 	"github.com/snapcoord/snapcoord/internal/logsink"
-	"github.com/snapcoord/snapcoord/server/clock"
-	"github.com/snapcoord/snapcoord/server/engine"
-	"github.com/snapcoord/snapcoord/store"
+	"github.com/snapcoord/snapcoord/internal/spectest"
+	"github.com/snapcoord/snapcoord/server/grpcserver"
 )
 
 // grpc-go's own tests check for leaked goroutines; so do these: a stream or
 // timer left running after Shutdown and Close is a bug.
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// testServer is a real coordinator on loopback: a bbolt file, the engine,
-// this package's server, and clients over a real connection.
+// testServer is the assembled coordinator on loopback (a bbolt file, the
+// engine, this package's server behind the production interceptor chain)
+// and clients over a real connection. Its WorkerService calls carry the
+// token of the run createRun last created.
 type testServer struct {
-	srv     *Server
+	*coordtest.Instance
+	srv     *grpcserver.Server
 	runs    v1.RunServiceClient
 	workers v1.WorkerServiceClient
 	health  healthpb.HealthClient
 	conn    *grpc.ClientConn
 	logs    *logsink.Buffer
-	// stop shuts the server, engine and store down; safe to call again.
-	stop func()
+
+	mu       sync.Mutex
+	runToken string
 }
 
 func newTestServer(t *testing.T) *testServer {
@@ -44,89 +47,61 @@ func newTestServer(t *testing.T) *testServer {
 }
 
 // startTestServer serves the store in dir; a second call on the same dir,
-// after stop, is a coordinator restart.
+// after Stop, is a coordinator restart.
 func startTestServer(t *testing.T, dir string) *testServer {
 	t.Helper()
-	logs := &logsink.Buffer{}
-	logger := slog.New(slog.NewTextHandler(logs, nil))
-	db, err := store.Open(filepath.Join(dir, "snapcoord.db"), store.Options{})
-	if err != nil {
-		t.Fatalf("store.Open: %v", err)
-	}
-	eng, err := engine.New(t.Context(), db, engine.Options{Clock: clock.Real{}, Logger: logger})
-	if err != nil {
-		_ = db.Close()
-		t.Fatalf("engine.New: %v", err)
-	}
-	srv, err := New(Config{}, eng, logger)
-	if err != nil {
-		t.Fatalf("New: %v", err)
-	}
-	ts := serveTestServer(t, srv, logs)
-	stopServer := ts.stop
-	ts.stop = sync.OnceFunc(func() {
-		stopServer()
-		eng.Close()
-		if err := db.Close(); err != nil {
-			t.Errorf("store Close: %v", err)
-		}
-	})
-	t.Cleanup(ts.stop)
-	return ts
-}
-
-// serveTestServer serves srv on a loopback port and dials it.
-func serveTestServer(t *testing.T, srv *Server, logs *logsink.Buffer) *testServer {
-	t.Helper()
-	lis := listenLoopback(t)
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(lis) }()
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	ts := &testServer{logs: &logsink.Buffer{}}
+	cfg := coordtest.Config(dir)
+	cfg.Logger = slog.New(slog.NewTextHandler(ts.logs, nil))
+	ts.Instance = coordtest.Start(t, cfg)
+	ts.srv = ts.Server()
+	conn, err := grpc.NewClient(ts.Addr(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithChainUnaryInterceptor(ts.bearerUnary), grpc.WithChainStreamInterceptor(ts.bearerStream))
 	if err != nil {
 		t.Fatalf("dial: %v", err)
 	}
-	ts := &testServer{
-		srv: srv, conn: conn, logs: logs,
-		runs:    v1.NewRunServiceClient(conn),
-		workers: v1.NewWorkerServiceClient(conn),
-		health:  healthpb.NewHealthClient(conn),
-	}
-	ts.stop = sync.OnceFunc(func() {
-		_ = conn.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := srv.Shutdown(ctx); err != nil {
-			t.Errorf("Shutdown: %v", err)
-		}
-		if err := <-served; err != nil {
-			t.Errorf("Serve: %v", err)
-		}
-	})
-	t.Cleanup(ts.stop)
+	// Registered after Start's cleanup, so it runs first: clients go, then
+	// the coordinator.
+	t.Cleanup(func() { _ = conn.Close() })
+	ts.conn = conn
+	ts.runs, ts.workers, ts.health = v1.NewRunServiceClient(conn), v1.NewWorkerServiceClient(conn), healthpb.NewHealthClient(conn)
 	return ts
 }
 
-func testSpec(worldSize int32) *v1.RunSpec {
-	return &v1.RunSpec{
-		TrainerWorldSize: worldSize,
-		Checkpointing:    &v1.CheckpointingSpec{CheckpointMustSaveBy: "00:03:45:00"},
+// withToken adds the run token to WorkerService calls (RunService refuses
+// run tokens).
+func (ts *testServer) withToken(ctx context.Context, method string) context.Context {
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	if ts.runToken == "" || !strings.HasPrefix(method, "/"+v1.WorkerService_ServiceDesc.ServiceName+"/") {
+		return ctx
 	}
+	return metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+ts.runToken)
 }
 
+func (ts *testServer) bearerUnary(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	return invoker(ts.withToken(ctx, method), method, req, reply, cc, opts...)
+}
+
+func (ts *testServer) bearerStream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	return streamer(ts.withToken(ctx, method), desc, cc, method, opts...)
+}
+
+func testSpec(worldSize int32) *v1.RunSpec {
+	return spectest.Checkpointed(worldSize, "00:03:45:00")
+}
+
+// createRun creates run id; later WorkerService calls carry its token.
 func createRun(t *testing.T, ts *testServer, id string) *v1.CreateRunResponse {
 	t.Helper()
 	resp, err := ts.runs.CreateRun(t.Context(), &v1.CreateRunRequest{RunId: id, Spec: testSpec(2)})
 	if err != nil {
 		t.Fatalf("CreateRun(%s): %v", id, err)
 	}
+	ts.mu.Lock()
+	ts.runToken = resp.GetRunToken()
+	ts.mu.Unlock()
 	return resp
 }
 
-func listenLoopback(t *testing.T) net.Listener {
-	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("listen: %v", err)
-	}
-	return lis
-}
+func shutdown(t *testing.T, srv *grpcserver.Server) { grpcserver.ShutdownWithin(t, srv) }

@@ -16,7 +16,7 @@ import (
 	"github.com/snapcoord/snapcoord/internal/logsink"
 )
 
-func checkAll(t *testing.T, ts *testServer, want healthpb.HealthCheckResponse_ServingStatus) {
+func checkAll(t *testing.T, ts *unitServer, want healthpb.HealthCheckResponse_ServingStatus) {
 	t.Helper()
 	for _, name := range healthServices {
 		resp, err := ts.health.Check(t.Context(), &healthpb.HealthCheckRequest{Service: name})
@@ -29,7 +29,7 @@ func checkAll(t *testing.T, ts *testServer, want healthpb.HealthCheckResponse_Se
 // A coordinator whose store cannot commit says so to its probes, and for
 // good: only a restart helps.
 func TestMarkUnhealthyReportsNotServing(t *testing.T) {
-	ts := newTestServer(t)
+	ts := newUnitServer(t, Config{}, nil)
 	checkAll(t, ts, healthpb.HealthCheckResponse_SERVING)
 	ts.srv.MarkUnhealthy(errors.New("disk full"))
 	ts.srv.MarkUnhealthy(errors.New("again")) // idempotent
@@ -50,19 +50,12 @@ func TestMarkUnhealthyBeforeServeSticks(t *testing.T) {
 		t.Fatal(err)
 	}
 	srv.MarkUnhealthy(errors.New("disk full"))
-	ts := serveTestServer(t, srv, logs)
+	ts := serveUnitServer(t, srv, logs)
 	checkAll(t, ts, healthpb.HealthCheckResponse_NOT_SERVING)
 }
 
 func TestReflectionCanBeDisabled(t *testing.T) {
-	logs := &logsink.Buffer{}
-	srv, err := newServer(Config{DisableReflection: true}, slog.New(slog.NewTextHandler(logs, nil)), func(r grpc.ServiceRegistrar) {
-		v1.RegisterRunServiceServer(r, v1.UnimplementedRunServiceServer{})
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ts := serveTestServer(t, srv, logs)
+	ts := newUnitServer(t, Config{DisableReflection: true}, nil)
 	stream, err := reflectionpb.NewServerReflectionClient(ts.conn).ServerReflectionInfo(t.Context())
 	if err == nil {
 		_, err = stream.Recv()

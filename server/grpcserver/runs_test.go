@@ -1,4 +1,4 @@
-package grpcserver
+package grpcserver_test
 
 import (
 	"io"
@@ -95,7 +95,7 @@ func TestRestartKeepsRuns(t *testing.T) {
 	if _, err := first.runs.CancelRun(t.Context(), &v1.CancelRunRequest{RunId: "kept"}); err != nil {
 		t.Fatalf("CancelRun: %v", err)
 	}
-	first.stop()
+	first.Stop()
 
 	second := startTestServer(t, dir)
 	got, err := second.runs.GetRun(t.Context(), &v1.GetRunRequest{RunId: "kept"})

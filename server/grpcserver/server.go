@@ -64,7 +64,6 @@ func New(cfg Config, eng *engine.Engine, logger *slog.Logger) (*Server, error) {
 // newServer is New with the snapcoord services supplied by register, so
 // tests can serve a handler that panics through the same chain.
 func newServer(cfg Config, logger *slog.Logger, register func(grpc.ServiceRegistrar)) (*Server, error) {
-	cfg = cfg.withDefaults()
 	validator, err := protovalidate.New()
 	if err != nil {
 		return nil, fmt.Errorf("grpcserver: build request validator: %w", err)
@@ -101,9 +100,6 @@ func (s *Server) options(cfg Config, validator protovalidate.Validator) []grpc.S
 		grpc.StatsHandler(&s.drain.calls),
 		grpc.ChainUnaryInterceptor(unary...),
 		grpc.ChainStreamInterceptor(stream...),
-		grpc.MaxRecvMsgSize(cfg.MaxRecvMsgSize),
-		grpc.MaxHeaderListSize(cfg.MaxHeaderListSize),
-		grpc.MaxConcurrentStreams(cfg.MaxConcurrentStreams),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{
 			MinTime:             cfg.KeepaliveMinTime,
 			PermitWithoutStream: !cfg.RejectPingsWithoutStream,
@@ -114,6 +110,8 @@ func (s *Server) options(cfg Config, validator protovalidate.Validator) []grpc.S
 			Timeout:           cfg.KeepaliveTimeout,
 		}),
 	}
+	// Zero keepalive durations are grpc-go's defaults.
+	opts = append(opts, cfg.sizeOptions()...)
 	return append(opts, cfg.ServerOptions...)
 }
 

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+	"github.com/snapcoord/snapcoord/internal/spectest"
 	"github.com/snapcoord/snapcoord/server/auth"
 	"github.com/snapcoord/snapcoord/server/clock"
 	"github.com/snapcoord/snapcoord/server/engine"
@@ -67,12 +68,9 @@ func newWorld(t *testing.T) *world {
 func (w *world) createRun() {
 	w.t.Helper()
 	ctx := context.Background()
-	resp, err := w.eng.CreateRun(ctx, &v1.CreateRunRequest{RunId: "r", Spec: &v1.RunSpec{
-		TrainerWorldSize: 1,
-		Checkpointing:    &v1.CheckpointingSpec{CheckpointMustSaveBy: "00:00:10:00"},
-		RolloutRecovery:  &v1.RolloutRecoverySpec{TargetLevel: v1.TargetLevel_TARGET_LEVEL_TURN},
-		Reserve:          &v1.ReserveSpec{MarginSeconds: 30, ExpectedCheckpointSeconds: proto.Float64(60), ExpectedSnapshotSeconds: proto.Float64(30)},
-	}})
+	spec := spectest.Turn(1, "00:00:10:00")
+	spec.Reserve = &v1.ReserveSpec{MarginSeconds: 30, ExpectedCheckpointSeconds: proto.Float64(60), ExpectedSnapshotSeconds: proto.Float64(30)}
+	resp, err := w.eng.CreateRun(ctx, &v1.CreateRunRequest{RunId: "r", Spec: spec})
 	if err != nil {
 		w.t.Fatalf("CreateRun: %v", err)
 	}
@@ -352,11 +350,9 @@ func TestTimelineOfARunThroughItsDeadline(t *testing.T) {
 func TestMissedDeadlineIsShown(t *testing.T) {
 	w := newWorld(t)
 	ctx := context.Background()
-	_, err := w.eng.CreateRun(ctx, &v1.CreateRunRequest{RunId: "late", Spec: &v1.RunSpec{
-		TrainerWorldSize: 1,
-		StartedAt:        timestamppb.New(start.Add(-time.Hour)),
-		Checkpointing:    &v1.CheckpointingSpec{CheckpointMustSaveBy: "00:00:30:00"},
-	}})
+	spec := spectest.Checkpointed(1, "00:00:30:00")
+	spec.StartedAt = timestamppb.New(start.Add(-time.Hour))
+	_, err := w.eng.CreateRun(ctx, &v1.CreateRunRequest{RunId: "late", Spec: spec})
 	if err != nil {
 		t.Fatalf("CreateRun: %v", err)
 	}

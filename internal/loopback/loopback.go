@@ -1,6 +1,6 @@
-// Package loopback tells whether an address stays on this host: snapcoord
-// serve refuses to expose an open RunService elsewhere, and snapctl talks
-// plaintext to such an address unless told to use TLS.
+// Package loopback tells whether an address stays on this host: the
+// coordinator refuses to expose an open RunService elsewhere, and snapctl
+// talks plaintext to such an address unless told to use TLS.
 package loopback
 
 import (

@@ -1,8 +1,9 @@
-package main
+package coordinator
 
 import (
 	"log/slog"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/snapcoord/snapcoord/server/auth"
@@ -11,29 +12,29 @@ import (
 // credentialReloader re-reads the admin token file and the TLS files when
 // they change, so that a rotation needs no restart. Checking is a stat of
 // each file (cheap: no read unless something changed) at every
-// --credentials-check-interval, and SIGHUP reloads everything at once.
+// CredentialsCheckInterval, and a value on ReloadSignals (SIGHUP) reloads
+// everything at once.
 // Open connections and streams are untouched: a new certificate or client
 // CA applies to the next handshake, new admin tokens to the next call.
 type credentialReloader struct {
-	cfg       serveConfig
-	lookupEnv func(string) (string, bool)
-	authn     *auth.Authenticator
-	tls       *auth.TLSReloader // nil without TLS
-	log       *slog.Logger
+	cfg   Config
+	authn *auth.Authenticator
+	tls   *auth.TLSReloader // nil without TLS
+	log   *slog.Logger
 
 	seen map[string]os.FileInfo // by path, as last checked
 }
 
-func newCredentialReloader(cfg serveConfig, lookupEnv func(string) (string, bool), authn *auth.Authenticator, tlsr *auth.TLSReloader, log *slog.Logger) *credentialReloader {
-	r := &credentialReloader{cfg: cfg, lookupEnv: lookupEnv, authn: authn, tls: tlsr, log: log, seen: map[string]os.FileInfo{}}
+func newCredentialReloader(cfg Config, authn *auth.Authenticator, tlsr *auth.TLSReloader, log *slog.Logger) *credentialReloader {
+	r := &credentialReloader{cfg: cfg, authn: authn, tls: tlsr, log: log, seen: map[string]os.FileInfo{}}
 	r.changed(r.tokenFiles())
 	r.changed(r.tlsFiles())
 	return r
 }
 
-func (r *credentialReloader) tokenFiles() []string { return nonEmpty(r.cfg.adminTokenFile) }
+func (r *credentialReloader) tokenFiles() []string { return nonEmpty(r.cfg.AdminTokenFile) }
 func (r *credentialReloader) tlsFiles() []string {
-	return nonEmpty(r.cfg.tlsCert, r.cfg.tlsKey, r.cfg.clientCA)
+	return nonEmpty(r.cfg.TLSCert, r.cfg.TLSKey, r.cfg.ClientCA)
 }
 
 func nonEmpty(paths ...string) []string {
@@ -73,20 +74,20 @@ func (r *credentialReloader) changed(paths []string) bool {
 func (r *credentialReloader) check(force bool) {
 	if tokens := r.tokenFiles(); (r.changed(tokens) || force) && len(tokens) > 0 {
 		if err := r.reloadTokens(); err != nil {
-			r.log.Error("admin tokens not reloaded; the previous ones stay valid", "file", r.cfg.adminTokenFile, "err", err)
+			r.log.Error("admin tokens not reloaded; the previous ones stay valid", "file", r.cfg.AdminTokenFile, "err", err)
 		}
 	}
 	if files := r.tlsFiles(); (r.changed(files) || force) && r.tls != nil {
 		if err := r.tls.Reload(); err != nil {
 			r.log.Error("TLS files not reloaded; the previous certificate, key and client CA stay in use", "err", err)
 		} else {
-			r.log.Info("credentials reloaded", "what", "tls", "cert", r.cfg.tlsCert, "client_ca", r.cfg.clientCA)
+			r.log.Info("credentials reloaded", "what", "tls", "cert", r.cfg.TLSCert, "client_ca", r.cfg.ClientCA)
 		}
 	}
 }
 
 func (r *credentialReloader) reloadTokens() error {
-	tokens, err := adminTokens(r.cfg, r.lookupEnv)
+	tokens, err := AdminTokens(r.cfg)
 	if err != nil {
 		return err
 	}
@@ -112,5 +113,65 @@ func (r *credentialReloader) start(tick <-chan time.Time, hup <-chan os.Signal) 
 				r.check(true)
 			}
 		}
+	})
+}
+
+// startLoops starts the background loops that Shutdown stops: the health
+// watch and the credential reload.
+func (c *Coordinator) startLoops() {
+	ticker := time.NewTicker(healthPollInterval)
+	stopHealth := startHealthWatch(c.eng, c.srv, ticker.C)
+	c.defer_(func() {
+		stopHealth()
+		ticker.Stop()
+	})
+	var tick <-chan time.Time
+	var reloadTicker *time.Ticker
+	if c.cfg.CredentialsCheckInterval > 0 {
+		reloadTicker = time.NewTicker(c.cfg.CredentialsCheckInterval)
+		tick = reloadTicker.C
+	}
+	stopReload := newCredentialReloader(c.cfg, c.authn, c.tlsr, c.log).start(tick, c.cfg.ReloadSignals)
+	c.defer_(func() {
+		stopReload()
+		if reloadTicker != nil {
+			reloadTicker.Stop()
+		}
+	})
+}
+
+// healthPollInterval is how often the coordinator asks the engine whether
+// it can still commit.
+const healthPollInterval = time.Second
+
+// startHealthWatch turns NOT_SERVING for good once the engine reports that
+// a store commit failed. It stops when the returned function is first called.
+func startHealthWatch(eng interface{ Healthy() error }, srv interface{ MarkUnhealthy(error) }, tick <-chan time.Time) (stop func()) {
+	return goUntilStopped(func(quit <-chan struct{}) {
+		for {
+			select {
+			case <-quit:
+				return
+			case <-tick:
+				if err := eng.Healthy(); err != nil {
+					srv.MarkUnhealthy(err)
+					return
+				}
+			}
+		}
+	})
+}
+
+// goUntilStopped runs loop in a goroutine; the returned function, first
+// called, closes loop's quit channel and waits for loop to return.
+func goUntilStopped(loop func(quit <-chan struct{})) (stop func()) {
+	quit, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		loop(quit)
+	}()
+	return sync.OnceFunc(func() {
+		close(quit)
+		<-done
 	})
 }

@@ -1,0 +1,162 @@
+package coordinator
+
+import (
+	"log/slog"
+	"os"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/snapcoord/snapcoord/internal/loopback"
+	"github.com/snapcoord/snapcoord/server/clock"
+)
+
+// Config is every setting of a coordinator. `snapcoord serve` binds its
+// flags to these fields, starting from Defaults; tests start from Defaults
+// too and change what they need, so they run what production runs.
+type Config struct {
+	// Listen is the gRPC address; port 0 picks a free one (see Addr).
+	Listen string
+	// DataDir holds the store file snapcoord.db (created 0700 if missing).
+	DataDir string
+	// LockTimeout bounds the wait for another process to release DataDir.
+	LockTimeout time.Duration
+	// DrainTimeout bounds how long in-flight RPCs may take to finish in Run.
+	DrainTimeout time.Duration
+
+	HeartbeatInterval time.Duration // how often workers are told to heartbeat
+	LeaseTTL          time.Duration // a worker silent this long is LOST
+	// FinishedRunRetention deletes a finished run this long after it
+	// ended; 0 keeps finished runs.
+	FinishedRunRetention time.Duration
+	MaxRuns              int
+	MaxWorkersPerRun     int
+	MaxEventsPerRun      int
+
+	// Security. AdminTokenFile is re-read on change; AdminTokens are added
+	// to its tokens and never change (SNAPCOORD_ADMIN_TOKEN). With no admin
+	// token at all, RunService is open.
+	AdminTokenFile string
+	AdminTokens    []string
+	TLSCert        string
+	TLSKey         string
+	ClientCA       string // requires client certificates (mutual TLS)
+	Reflection     Reflection
+	// Insecure accepts an open status page on a non-loopback MetricsListen.
+	Insecure bool
+	// CredentialsCheckInterval is how often the token and TLS files are
+	// checked for changes (0: only when ReloadSignals delivers).
+	CredentialsCheckInterval time.Duration
+	// ReloadSignals, when not nil, reloads every credential file at each
+	// value (SIGHUP for `snapcoord serve`).
+	ReloadSignals <-chan os.Signal
+
+	// MetricsListen serves /metrics, the status page and, with Pprof,
+	// /debug/pprof/; empty turns it off.
+	MetricsListen string
+	Pprof         bool
+
+	// Transport limits (see grpcserver.Config).
+	MaxRecvMsgSize           int
+	MaxHeaderListSize        uint32
+	MaxConcurrentStreams     uint32
+	KeepaliveMinTime         time.Duration
+	PermitPingsWithoutStream bool
+	KeepaliveTime            time.Duration
+	KeepaliveTimeout         time.Duration
+	MaxConnectionIdle        time.Duration // 0: never
+
+	// Logger receives the coordinator's log; nil discards it.
+	Logger *slog.Logger
+	// LookupEnv reads the OTEL_* variables; nil reads none (no export).
+	LookupEnv func(string) (string, bool)
+	// ServiceVersion is reported to OpenTelemetry.
+	ServiceVersion string
+
+	// Test knobs: production leaves them zero.
+	Test TestHooks
+}
+
+// TestHooks are settings only tests use. They add to the production
+// assembly; they never replace a part of it.
+type TestHooks struct {
+	// Clock drives the engine (the fake clock of server/clock); nil: real.
+	Clock clock.Clock
+	// MaxPollWait and RestartGrace override the engine's defaults.
+	MaxPollWait  time.Duration
+	RestartGrace time.Duration
+	// UnaryInterceptors and StreamInterceptors run outermost, before the
+	// production chain, to count, fail or record calls.
+	UnaryInterceptors  []grpc.UnaryServerInterceptor
+	StreamInterceptors []grpc.StreamServerInterceptor
+	// ServerOptions are added to the gRPC server's (e.g. TLS credentials
+	// built in memory).
+	ServerOptions []grpc.ServerOption
+}
+
+// Reflection says who may use server reflection.
+type Reflection string
+
+// Values of Config.Reflection.
+const (
+	ReflectionAuto Reflection = "auto" // open on a loopback Listen, admin elsewhere
+	ReflectionOpen Reflection = "open"
+	ReflectionAuth Reflection = "auth"
+	ReflectionOff  Reflection = "off"
+)
+
+// Defaults is the coordinator's configuration unless told otherwise: the
+// one place the serve defaults are written down.
+func Defaults() Config {
+	return Config{
+		Listen:                   "127.0.0.1:7070",
+		DataDir:                  "./data",
+		LockTimeout:              time.Second,
+		DrainTimeout:             10 * time.Second,
+		HeartbeatInterval:        5 * time.Second,
+		LeaseTTL:                 15 * time.Second,
+		MaxRuns:                  10000,
+		MaxWorkersPerRun:         10000,
+		MaxEventsPerRun:          100000,
+		Reflection:               ReflectionAuto,
+		CredentialsCheckInterval: 10 * time.Second,
+		MetricsListen:            "127.0.0.1:7071",
+		// The largest legitimate request (a CreateRun) is a few hundred bytes.
+		MaxRecvMsgSize: 1 << 20,
+		// A call carries a token and trace headers. grpc-go's own default,
+		// 16 MiB, let a client with no token hold 16 MiB of decoded
+		// metadata per call by never sending the request: no interceptor,
+		// auth included, runs before the message arrives.
+		MaxHeaderListSize: 32 << 10,
+		// One sidecar holds one stream, so this is generous.
+		MaxConcurrentStreams: 1024,
+		KeepaliveMinTime:     10 * time.Second,
+		// Idle workers between polls ping legitimately.
+		PermitPingsWithoutStream: true,
+		KeepaliveTime:            30 * time.Second,
+		KeepaliveTimeout:         10 * time.Second,
+	}
+}
+
+// ReflectionAccess resolves Reflection: whether to serve reflection and
+// whether anyone may use it.
+func (c Config) ReflectionAccess() (serve, open bool) {
+	switch c.Reflection {
+	case ReflectionOff:
+		return false, false
+	case ReflectionAuth:
+		return true, false
+	case ReflectionOpen:
+		return true, true
+	default:
+		return true, loopback.Is(c.Listen)
+	}
+}
+
+// StatusPageAllowed applies RunService's exposure rule to the status page:
+// with no admin token it is open, so it is served only on a loopback
+// MetricsListen, unless Insecure says an open page is meant. (/metrics
+// itself stays open, as Prometheus scrapes it.)
+func (c Config) StatusPageAllowed(adminTokens int) bool {
+	return adminTokens > 0 || c.Insecure || loopback.Is(c.MetricsListen)
+}

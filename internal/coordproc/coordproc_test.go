@@ -1,0 +1,53 @@
+package coordproc
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+var bin string
+
+func TestMain(m *testing.M) { os.Exit(Main(m, &bin)) }
+
+// A coordinator killed and restarted serves again on the same addresses
+// with the same data; SIGTERM then drains it and it exits 0.
+func TestKillRestartStop(t *testing.T) {
+	p := ForTest(t, Config{Bin: bin, DataDir: filepath.Join(t.TempDir(), "data"), Metrics: true,
+		Args: []string{"--log-format", "json"}})
+	if p.MetricsAddr == "" || !strings.Contains(p.Log(), p.MetricsAddr) {
+		t.Errorf("metrics address %q not in the log:\n%s", p.MetricsAddr, p.Log())
+	}
+	if err := p.Kill(); err != nil {
+		t.Fatalf("Kill: %v", err)
+	}
+	if err := p.Kill(); err == nil {
+		t.Error("Kill of an exited process: no error")
+	}
+	q := p.RestartForTest(t)
+	if q.Addr != p.Addr || q.MetricsAddr != p.MetricsAddr {
+		t.Errorf("restarted on %s and %s, want %s and %s", q.Addr, q.MetricsAddr, p.Addr, p.MetricsAddr)
+	}
+	if code, err := q.Signal(syscall.SIGTERM, 30*time.Second); err != nil || code != 0 {
+		t.Errorf("SIGTERM: exit %d, %v; want 0", code, err)
+	}
+	if !strings.Contains(q.Tail(3), `"msg":"stopped"`) {
+		t.Errorf("log does not end with stopped:\n%s", q.Tail(3))
+	}
+}
+
+// A coordinator that cannot start fails Start at once (not at the start
+// timeout), with its exit status and its log's end.
+func TestStartReportsAnEarlyExit(t *testing.T) {
+	began := time.Now()
+	_, err := Start(t.Context(), Config{Bin: bin, LogPath: filepath.Join(t.TempDir(), "log"), Args: []string{"--lease-ttl", "-1s"}})
+	if err == nil || !strings.Contains(err.Error(), "exited before serving: exit status 2") || !strings.Contains(err.Error(), "SIGHUP") {
+		t.Errorf("Start with a bad flag = %v, want exit status 2 and the end of the usage it printed", err)
+	}
+	if took := time.Since(began); took > 30*time.Second {
+		t.Errorf("Start took %v to see the exit", took)
+	}
+}

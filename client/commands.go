@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+	"github.com/snapcoord/snapcoord/runstate"
 )
 
 // errNoStop: a poll found the run terminal and no command after the last
@@ -154,7 +155,7 @@ func (w *Worker) poll(ctx context.Context, inc int64) (stopped, progressed bool,
 			return stopped, true, err
 		}
 	}
-	if len(resp.GetCommands()) == 0 && terminal(resp.GetRunState()) {
+	if len(resp.GetCommands()) == 0 && runstate.Terminal(resp.GetRunState()) {
 		return false, false, errNoStop // polls of a terminal run return at once: must not spin
 	}
 	return false, true, nil
@@ -174,13 +175,4 @@ func (w *Worker) deliver(ctx context.Context, cmd *v1.Command) (stopped bool, er
 	w.lastSeq = cmd.GetSeq()
 	w.mu.Unlock()
 	return cmd.GetStop() != nil, nil
-}
-
-func terminal(s v1.RunState) bool {
-	switch s {
-	case v1.RunState_RUN_STATE_STOPPED, v1.RunState_RUN_STATE_COMPLETED,
-		v1.RunState_RUN_STATE_FAILED, v1.RunState_RUN_STATE_CANCELLED:
-		return true
-	}
-	return false
 }

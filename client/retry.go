@@ -10,7 +10,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 
-	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+	"github.com/snapcoord/snapcoord/rpcfacts"
 )
 
 // RetryPolicy is how unary calls that are safe to repeat are retried: on
@@ -59,50 +59,10 @@ func (p RetryPolicy) followWait(failures uint) time.Duration {
 	return min(p.backoff(failures), followMaxWait)
 }
 
-// retried lists the unary methods the policy applies to, and why each is
-// safe to repeat when its reply was lost.
-var retried = map[string]bool{
-	// Reads.
-	v1.RunService_GetRun_FullMethodName:        true,
-	v1.RunService_ListRuns_FullMethodName:      true,
-	v1.RunService_ListWorkers_FullMethodName:   true,
-	v1.RunService_ListSnapshots_FullMethodName: true,
-	// UpdateDeadline sets an absolute B: repeating it sets the same B.
-	v1.RunService_UpdateDeadline_FullMethodName: true,
-	// CancelRun of a cancelled run returns OK.
-	v1.RunService_CancelRun_FullMethodName: true,
-	// RegisterWorker by a stable name is the same worker again (a new
-	// incarnation, which the caller adopts); a re-register repeated gets
-	// the registration its first attempt made.
-	v1.WorkerService_RegisterWorker_FullMethodName: true,
-	// A lease renewal.
-	v1.WorkerService_Heartbeat_FullMethodName: true,
-	// Deregistering a departed worker returns OK.
-	v1.WorkerService_DeregisterWorker_FullMethodName: true,
-	// The decision is stored once per (run, step): a repeat gets the same.
-	v1.WorkerService_CompleteStep_FullMethodName: true,
-	// Reports are deduplicated: a recorded report repeated returns OK.
-	v1.WorkerService_ReportCheckpoint_FullMethodName: true,
-	v1.WorkerService_ReportSnapshot_FullMethodName:   true,
-	v1.WorkerService_FinishRun_FullMethodName:        true,
-	// Reads the command log; changes nothing.
-	v1.WorkerService_PollCommands_FullMethodName: true,
-	// A repeat with the same spec before any worker registered gets a new
-	// token, the earlier one (in the lost reply) no longer working; a
-	// conflicting spec is ALREADY_EXISTS, not retried.
-	v1.RunService_CreateRun_FullMethodName: true,
-
-	// Deliberately absent:
-	//  - ReissueRunToken: a repeat would be safe (it cuts off only the
-	//    token in the lost reply), but a launcher runs it once per
-	//    allocation and can run it again; left out, the Go and Python
-	//    clients' lists stay the same without a change to both.
-	//  - TriggerDeadline: a retry after a lost reply may answer
-	//    FAILED_PRECONDITION ("already fired") for a call that worked.
-	//  - StreamCommands, WatchRun: streams resume from the last sequence
-	//    number they saw (Worker, WatchEvents), which a blind re-send of
-	//    the first request cannot do.
-}
+// retried lists the unary methods the policy applies to: those the API
+// declares retry_safe (proto/snapcoord/v1, where each says why a repeat
+// after a lost reply does no harm). The Python client reads the same facts.
+var retried = rpcfacts.Set(rpcfacts.RetrySafe)
 
 // unaryInterceptor applies the policy to the methods in retried only.
 func (p RetryPolicy) unaryInterceptor() grpc.UnaryClientInterceptor {

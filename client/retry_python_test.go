@@ -1,53 +1,96 @@
 package client
 
 import (
+	"cmp"
+	"encoding/json"
+	"errors"
 	"os"
-	"regexp"
+	"os/exec"
 	"slices"
 	"strings"
 	"testing"
+
+	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+	"github.com/snapcoord/snapcoord/enumtext"
+	"github.com/snapcoord/snapcoord/runstate"
 )
 
-// pythonRetryList is the Python client's list of retried methods, which
-// must be the Go client's: the two clients of one coordinator repeat the
-// same calls, for the same reasons.
-const pythonRetryList = "python/snapcoord/_retry.py"
+// pythonDir is the Python client, which must read the API's facts as the
+// Go client does: the same retried calls (the (snapcoord.v1.rpc) options)
+// and the same terminal run states (the (snapcoord.v1.terminal) options).
+const pythonDir = "python"
 
-// TestPythonRetryListMatchesGo fails when client/python's RETRIED_METHODS and
-// the retried map disagree, naming the methods only one of them lists.
+// TestPythonRetryListMatchesGo imports the Python client with the Python
+// that runs its tests (Debian's, see scripts/deps-python.sh) and fails when
+// its RETRIED_METHODS and the retried map disagree, naming the methods only
+// one of them lists: both are read from the same proto facts, by two
+// runtimes that could read them differently.
 func TestPythonRetryListMatchesGo(t *testing.T) {
-	src, err := os.ReadFile(pythonRetryList)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The frozenset literal: from its name to the first closing parenthesis
-	// at the start of a line.
-	block := regexp.MustCompile(`(?s)RETRIED_METHODS: frozenset\[str\] = frozenset\(\n(.*?)\n\)`).FindSubmatch(src)
-	if block == nil {
-		t.Fatalf("%s: no RETRIED_METHODS frozenset literal found", pythonRetryList)
-	}
-	var py []string
-	for _, m := range regexp.MustCompile(`"(/[^"]+)"`).FindAllSubmatch(block[1], -1) {
-		py = append(py, string(m[1]))
-	}
+	py := pythonList(t, "sorted(snapcoord.RETRIED_METHODS)")
 	var goList []string
 	for method, ok := range retried {
 		if ok {
 			goList = append(goList, method)
 		}
 	}
-	slices.Sort(py)
 	slices.Sort(goList)
-	if len(py) == 0 {
-		t.Fatalf("%s: RETRIED_METHODS lists no method", pythonRetryList)
+	if len(goList) == 0 {
+		t.Fatal("the Go client retries no method: the proto's retry_safe facts were not read")
 	}
 	if onlyGo, onlyPy := missing(goList, py), missing(py, goList); len(onlyGo)+len(onlyPy) > 0 {
 		t.Errorf("the Go and Python retry lists disagree:\n only in client/retry.go: %s\n only in %s: %s",
-			strings.Join(onlyGo, ", "), pythonRetryList, strings.Join(onlyPy, ", "))
+			strings.Join(onlyGo, ", "), pythonDir, strings.Join(onlyPy, ", "))
 	}
-	if dup := len(py) - len(slices.Compact(slices.Clone(py))); dup > 0 {
-		t.Errorf("%s lists %d method(s) twice", pythonRetryList, dup)
+}
+
+// TestPythonTerminalStatesMatchGo fails when the Python client's
+// RunState.terminal and runstate.Terminal disagree: both read the
+// (snapcoord.v1.terminal) option, and a client that took a terminal run for
+// a live one would poll it forever.
+func TestPythonTerminalStatesMatchGo(t *testing.T) {
+	py := pythonList(t, "[s.name for s in snapcoord.types.RunState if s.terminal]")
+	var goList []string
+	for n := range v1.RunState_name {
+		if s := v1.RunState(n); runstate.Terminal(s) {
+			goList = append(goList, enumtext.Name(s))
+		}
 	}
+	slices.Sort(py)
+	slices.Sort(goList)
+	if len(goList) == 0 || !slices.Equal(py, goList) {
+		t.Errorf("terminal run states: Go %v, Python %v; want the same, not empty", goList, py)
+	}
+}
+
+// pythonList returns the list of strings the Python expression expr makes
+// with the client imported as snapcoord. It skips the test where the Python client cannot be imported at all (no
+// Debian Python packages: its own tests cannot run there either); make test
+// checks for them first.
+func pythonList(t *testing.T, expr string) []string {
+	t.Helper()
+	python := cmp.Or(os.Getenv("PYTHON"), "/usr/bin/python3")
+	if err := exec.Command(python, "-c", "import grpc, google.protobuf").Run(); err != nil {
+		t.Skipf("%s cannot import grpc and google.protobuf (%v): run scripts/deps-python.sh", python, err)
+	}
+	cmd := exec.Command(python, "-c", "import json, snapcoord, snapcoord.types; print(json.dumps("+expr+"))")
+	cmd.Dir = pythonDir
+	cmd.Env = append(os.Environ(), "PYTHONPATH=.", "PYTHONDONTWRITEBYTECODE=1")
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("importing the Python client: %v\n%s", err, stderrOf(err))
+	}
+	var list []string
+	if err := json.Unmarshal(out, &list); err != nil {
+		t.Fatalf("%s: %v in %q", expr, err, out)
+	}
+	return list
+}
+
+func stderrOf(err error) []byte {
+	if ee := (*exec.ExitError)(nil); errors.As(err, &ee) {
+		return ee.Stderr
+	}
+	return nil
 }
 
 // missing lists the elements of a that b lacks.

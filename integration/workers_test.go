@@ -16,6 +16,7 @@ import (
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 	"github.com/snapcoord/snapcoord/internal/spectest"
+	"github.com/snapcoord/snapcoord/runstate"
 )
 
 // reader is one worker's command receiver, written the way docs/design.md tells
@@ -145,7 +146,7 @@ func (rd *reader) pollLoop(ctx context.Context) error {
 				return nil
 			}
 		}
-		if isTerminal(resp.RunState) {
+		if runstate.Terminal(resp.RunState) {
 			// The Stop is issued in the same commit as the terminal
 			// state, so a poll that reports the state must carry it.
 			rd.violate("poll after seq %d reported run_state %v without delivering the Stop", after, resp.RunState)
@@ -317,15 +318,6 @@ func sameCommands(t *testing.T, who string, got, want []*v1.Command) {
 }
 
 func protoEqual(a, b proto.Message) bool { return proto.Equal(a, b) }
-
-func isTerminal(s v1.RunState) bool {
-	switch s {
-	case v1.RunState_RUN_STATE_STOPPED, v1.RunState_RUN_STATE_COMPLETED,
-		v1.RunState_RUN_STATE_FAILED, v1.RunState_RUN_STATE_CANCELLED:
-		return true
-	}
-	return false
-}
 
 func wantCode(t *testing.T, what string, err error, want codes.Code) {
 	t.Helper()

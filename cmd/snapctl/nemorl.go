@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+	"github.com/snapcoord/snapcoord/enumtext"
 )
 
 // nemoRLConfig is the part of a NeMo RL training config that becomes a run
@@ -96,9 +97,8 @@ func (cfg nemoRLConfig) apply(spec *v1.RunSpec) error {
 
 // parseTargetLevel accepts "turn", "TURN" or "TARGET_LEVEL_TURN".
 func parseTargetLevel(s string) (v1.TargetLevel, error) {
-	name := "TARGET_LEVEL_" + strings.TrimPrefix(strings.ToUpper(s), "TARGET_LEVEL_")
-	if v, ok := v1.TargetLevel_value[name]; ok && v != 0 {
-		return v1.TargetLevel(v), nil
+	if v, ok := enumtext.Parse[v1.TargetLevel](s); ok {
+		return v, nil
 	}
 	return 0, fmt.Errorf("%q is not a target level (prompt_group, sibling, turn, prefix)", s)
 }

@@ -7,14 +7,14 @@ import (
 	"time"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+	"github.com/snapcoord/snapcoord/enumtext"
 )
 
 // parsePolicy accepts "max", "expected-loss", "expected_loss" or the enum
 // name.
 func parsePolicy(s string) (v1.ReservePolicy, error) {
-	name := "RESERVE_POLICY_" + strings.TrimPrefix(strings.ToUpper(strings.ReplaceAll(s, "-", "_")), "RESERVE_POLICY_")
-	if v, ok := v1.ReservePolicy_value[name]; ok && v != 0 {
-		return v1.ReservePolicy(v), nil
+	if v, ok := enumtext.Parse[v1.ReservePolicy](strings.ReplaceAll(s, "-", "_")); ok {
+		return v, nil
 	}
 	return 0, fmt.Errorf("%q is not a policy (max, expected-loss)", s)
 }

@@ -104,13 +104,3 @@ func relative(t, now time.Time) string {
 	}
 	return span(now.Sub(t)) + " ago"
 }
-
-// enumWord turns RUN_STATE_RUNNING into RUNNING.
-func enumWord(e fmt.Stringer, prefix string) string {
-	return strings.TrimPrefix(e.String(), prefix)
-}
-
-// lowerWord turns SNAPSHOT_REASON_TRAINER_CHECKPOINT into trainer_checkpoint.
-func lowerWord(e fmt.Stringer, prefix string) string {
-	return strings.ToLower(enumWord(e, prefix))
-}

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+	"github.com/snapcoord/snapcoord/enumtext"
 )
 
 // snapshotReporter is the call that reports a snapshot's outcome:
@@ -69,7 +70,7 @@ func newReporter(to snapshotReporter, log *slog.Logger) *reporter {
 // nobody waits for the report. Any other error is logged and ends it: a
 // repeat would only be refused again.
 func (r *reporter) report(ctx context.Context, id string, res hookResult) {
-	log := r.log.With("snapshot_id", id, "outcome", enumWord(res.outcome, "SNAPSHOT_OUTCOME_"))
+	log := r.log.With("snapshot_id", id, "outcome", enumtext.Name(res.outcome))
 	var lastLog time.Time
 	for attempt := 1; ; attempt++ {
 		again, err := r.attempt(ctx, attempt == 1, id, res)

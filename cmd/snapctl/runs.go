@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"strconv"
-	"strings"
 	"time"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -14,6 +13,7 @@ import (
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 	"github.com/snapcoord/snapcoord/client"
 	"github.com/snapcoord/snapcoord/cmd/internal/durations"
+	"github.com/snapcoord/snapcoord/enumtext"
 )
 
 // withClient runs fn with a connection bounded by --timeout.
@@ -140,22 +140,14 @@ func setupRunList(fs *flag.FlagSet, c *cli) func(context.Context, []string) erro
 			return err
 		}
 		return c.withClient(ctx, func(ctx context.Context, cl *client.Client) error {
-			all := &v1.ListRunsResponse{}
-			req := &v1.ListRunsRequest{State: filter}
-			for {
-				resp, err := cl.Runs.ListRuns(ctx, req)
-				if err != nil {
-					return fmt.Errorf("list runs: %w", err)
-				}
-				all.Runs = append(all.Runs, resp.GetRuns()...)
-				if req.PageToken = resp.GetNextPageToken(); req.PageToken == "" {
-					break
-				}
+			runs, err := cl.AllRuns(ctx, filter)
+			if err != nil {
+				return err
 			}
 			if c.output == "json" {
-				return c.printJSON(all, "  ")
+				return c.printJSON(&v1.ListRunsResponse{Runs: runs}, "  ")
 			}
-			return c.printRunTable(all.GetRuns())
+			return c.printRunTable(runs)
 		})
 	}
 }
@@ -164,9 +156,8 @@ func parseRunState(s string) (v1.RunState, error) {
 	if s == "" {
 		return v1.RunState_RUN_STATE_UNSPECIFIED, nil
 	}
-	name := "RUN_STATE_" + strings.TrimPrefix(strings.ToUpper(s), "RUN_STATE_")
-	if v, ok := v1.RunState_value[name]; ok && v != 0 {
-		return v1.RunState(v), nil
+	if v, ok := enumtext.Parse[v1.RunState](s); ok {
+		return v, nil
 	}
 	return 0, inputErr("--state %q: want pending, running, saving, snapshotting, stopped, completed, failed or cancelled", s)
 }
@@ -179,7 +170,7 @@ func (c *cli) printRunTable(runs []*v1.Run) error {
 		if ts := r.GetDeadline().GetMustSaveBy(); ts != nil {
 			b = stamp(ts) + " (" + relative(ts.AsTime(), now) + ")"
 		}
-		rows = append(rows, []string{r.GetRunId(), enumWord(r.GetState(), "RUN_STATE_"),
+		rows = append(rows, []string{r.GetRunId(), enumtext.Name(r.GetState()),
 			strconv.FormatInt(r.GetLastStep(), 10), b, stamp(r.GetCreatedAt())})
 	}
 	return table(c.stdout, "RUN\tSTATE\tSTEP\tDEADLINE B\tCREATED", rows)
@@ -193,14 +184,14 @@ func (c *cli) printRun(r *v1.Run) error {
 	d := r.GetDeadline()
 	rows := [][]string{
 		{"run", r.GetRunId()},
-		{"state", enumWord(r.GetState(), "RUN_STATE_")},
+		{"state", enumtext.Name(r.GetState())},
 	}
 	if r.GetDeadlineMissed() {
 		rows = append(rows, []string{"DEADLINE MISSED", describeMissed(r)})
 	}
 	rows = append(rows, [][]string{
 		{"trainer ranks", strconv.Itoa(int(r.GetSpec().GetTrainerWorldSize()))},
-		{"recovery level", lowerWord(r.GetSpec().GetRolloutRecovery().GetTargetLevel(), "TARGET_LEVEL_")},
+		{"recovery level", enumtext.Lower(r.GetSpec().GetRolloutRecovery().GetTargetLevel())},
 		{"created", stamp(r.GetCreatedAt())},
 		{"started at", stamp(r.GetSpec().GetStartedAt())},
 		{"deadline", describeDeadline(r, now)},

@@ -16,6 +16,7 @@ import (
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 	"github.com/snapcoord/snapcoord/client"
 	"github.com/snapcoord/snapcoord/cmd/internal/durations"
+	"github.com/snapcoord/snapcoord/enumtext"
 )
 
 // sidecarConfig is `snapctl sidecar`'s flags.
@@ -291,7 +292,7 @@ func orderOf(cmd *v1.Command, now time.Time, hookTimeout time.Duration) (snapsho
 		return o, true
 	}
 	if sn := cmd.GetSnapshot(); sn != nil {
-		o := snapshotOrder{id: sn.GetSnapshotId(), reason: lowerWord(sn.GetReason(), "SNAPSHOT_REASON_"),
+		o := snapshotOrder{id: sn.GetSnapshotId(), reason: enumtext.Lower(sn.GetReason()),
 			anchorStep: sn.GetAnchorStep(), forced: sn.GetForced()}
 		if hookTimeout > 0 {
 			o.mustFinishBy = now.Add(hookTimeout)
@@ -309,7 +310,7 @@ func (s *sidecar) snapshot(ctx context.Context, o snapshotOrder) {
 	s.log.Info("snapshot", "snapshot_id", o.id, "reason", o.reason, "anchor_step", o.anchorStep, "forced", o.forced)
 	res := hook{cmdline: s.cfg.onSnapshot, env: append(s.hookEnv(), snapshotEnv(o)...), killAt: o.mustFinishBy,
 		stdout: s.c.stdout, stderr: s.c.stderr}.run(ctx)
-	outcome := enumWord(res.outcome, "SNAPSHOT_OUTCOME_")
+	outcome := enumtext.Name(res.outcome)
 	s.log.Info("snapshot done", "snapshot_id", o.id, "outcome", outcome, "took", res.took.Round(time.Millisecond), "message", res.message)
 	if errors.Is(context.Cause(ctx), errRunStopped) {
 		return // the run is terminal: the coordinator would refuse the report

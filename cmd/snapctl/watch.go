@@ -8,6 +8,7 @@ import (
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 	"github.com/snapcoord/snapcoord/client"
+	"github.com/snapcoord/snapcoord/enumtext"
 )
 
 func setupRunWatch(_ *flag.FlagSet, c *cli) func(context.Context, []string) error {
@@ -55,7 +56,7 @@ func (c *cli) watchRun(ctx context.Context, runID string) (*v1.Run, error) {
 // and the last decision in words, so that a watch started mid-run does not
 // wait for the next event to say anything.
 func (c *cli) printWhereRunStands(ctx context.Context, cl *client.Client, run *v1.Run) error {
-	state := enumWord(run.GetState(), "RUN_STATE_")
+	state := enumtext.Name(run.GetState())
 	if run.GetLastStep() != 0 {
 		state += fmt.Sprintf(" at step %d", run.GetLastStep())
 	}
@@ -128,7 +129,7 @@ func (c *cli) printMissed(run *v1.Run) {
 // runEnded reports the final state; FAILED and CANCELLED exit non-zero so
 // that a launch script can tell.
 func (c *cli) runEnded(run *v1.Run) error {
-	state := enumWord(run.GetState(), "RUN_STATE_")
+	state := enumtext.Name(run.GetState())
 	if c.output != "json" {
 		fmt.Fprintf(c.stdout, "run %s ended %s at %s\n", run.GetRunId(), state, stamp(run.GetEndedAt()))
 		c.printMissed(run)

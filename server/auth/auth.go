@@ -8,9 +8,10 @@
 // admin token, as configured.
 //
 // Authentication is one go-grpc-middleware auth interceptor behind a
-// selector that matches full method names from a table, so a method added
-// to a service is covered by its service's rule (or, for a service the
-// table does not know, by the admin rule): nothing is open by accident.
+// selector that matches full method names from a table. The API's methods
+// get the credential their proto declares (the rpc option's credential,
+// read through package rpcfacts); a method that declares none, or one the
+// table does not know, gets the admin rule: nothing is open by accident.
 package auth
 
 import (
@@ -34,6 +35,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+	"github.com/snapcoord/snapcoord/rpcfacts"
 )
 
 // Access is what a method asks of its caller.
@@ -100,8 +102,9 @@ func New(opts Options) (*Authenticator, error) {
 	if err := a.SetAdminTokens(opts.AdminTokens); err != nil {
 		return nil, err
 	}
-	a.set(Admin, &v1.RunService_ServiceDesc)
-	a.set(RunToken, &v1.WorkerService_ServiceDesc)
+	for _, m := range rpcfacts.All() {
+		a.methods[m.FullMethod] = declaredAccess(m.Facts.GetCredential())
+	}
 	a.set(Open, &healthpb.Health_ServiceDesc)
 	reflection := Admin
 	if opts.OpenReflection {
@@ -110,6 +113,14 @@ func New(opts Options) (*Authenticator, error) {
 	a.set(reflection, &reflectionpb.ServerReflection_ServiceDesc)
 	a.methods[reflectionV1Alpha] = reflection
 	return a, nil
+}
+
+// declaredAccess is the rule for the credential an API method declares.
+func declaredAccess(c v1.Credential) Access {
+	if c == v1.Credential_CREDENTIAL_RUN_TOKEN {
+		return RunToken
+	}
+	return Admin
 }
 
 // SetAdminTokens replaces the admin tokens, for a reload of the token file:

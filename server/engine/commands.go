@@ -2,7 +2,6 @@ package engine
 
 import (
 	"context"
-	"encoding/base64"
 	"fmt"
 	"sort"
 	"time"
@@ -319,13 +318,9 @@ func (e *Engine) listSnapshots(ctx context.Context, req *v1.ListSnapshotsRequest
 // decodeSnapshotToken returns the number of the last snapshot of the
 // previous page; 0 for the first page.
 func decodeSnapshotToken(tok string) (int64, error) {
-	if tok == "" {
-		return 0, nil
-	}
-	b, err := base64.RawURLEncoding.DecodeString(tok)
-	id := string(b)
-	if n := snapshotNum(id); err == nil && n > 0 && id == snapshotID(n) {
-		return n, nil
-	}
-	return 0, errorf(ErrInvalidArgument, "page_token: not a token returned by ListSnapshots")
+	id, err := decodePageToken(tok, "ListSnapshots", func(id string) bool {
+		n := snapshotNum(id)
+		return n > 0 && id == snapshotID(n)
+	})
+	return snapshotNum(id), err
 }

@@ -188,7 +188,7 @@ func (e *Engine) listRuns(ctx context.Context, req *v1.ListRunsRequest) (*v1.Lis
 	if err := e.usable(); err != nil {
 		return nil, err
 	}
-	after, err := decodePageToken(req.PageToken)
+	after, err := decodePageToken(req.PageToken, "ListRuns", validRunID)
 	if err != nil {
 		return nil, err
 	}
@@ -226,21 +226,6 @@ func (e *Engine) listRuns(ctx context.Context, req *v1.ListRunsRequest) (*v1.Lis
 		}
 	}
 	return resp, nil
-}
-
-func encodePageToken(lastID string) string {
-	return base64.RawURLEncoding.EncodeToString([]byte(lastID))
-}
-
-func decodePageToken(tok string) (string, error) {
-	if tok == "" {
-		return "", nil
-	}
-	b, err := base64.RawURLEncoding.DecodeString(tok)
-	if err != nil || !validRunID(string(b)) {
-		return "", errorf(ErrInvalidArgument, "page_token: not a token returned by ListRuns")
-	}
-	return string(b), nil
 }
 
 func validRunID(s string) bool {

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+	"github.com/snapcoord/snapcoord/enumtext"
 )
 
 func snapshotNum(id string) int64 {
@@ -328,7 +329,7 @@ func workerStateName(w *workerState) string {
 	if w == nil {
 		return "unknown"
 	}
-	return strings.ToLower(strings.TrimPrefix(w.w.State.String(), "WORKER_STATE_"))
+	return enumtext.Lower(w.w.State)
 }
 
 // completeSnapshot closes a snapshot and applies its outcome to the run.
@@ -481,11 +482,11 @@ func (m snapshotMut) armInterval(fresh bool) {
 }
 
 func reasonName(r v1.SnapshotReason) string {
-	return strings.ToLower(strings.ReplaceAll(strings.TrimPrefix(r.String(), "SNAPSHOT_REASON_"), "_", " "))
+	return strings.ReplaceAll(enumtext.Lower(r), "_", " ")
 }
 
 func outcomeName(o v1.SnapshotOutcome) string {
-	return strings.TrimPrefix(o.String(), "SNAPSHOT_OUTCOME_")
+	return enumtext.Name(o)
 }
 
 func (m snapshotMut) putSnapshot(s *v1.Snapshot) { m.b.PutSnapshot(m.r.id, s) }

@@ -46,6 +46,8 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+	"github.com/snapcoord/snapcoord/enumtext"
+	"github.com/snapcoord/snapcoord/runstate"
 )
 
 const (
@@ -58,9 +60,6 @@ const (
 	failed       = v1.RunState_RUN_STATE_FAILED
 	cancelled    = v1.RunState_RUN_STATE_CANCELLED
 )
-
-// terminalStates are the states a run never leaves.
-var terminalStates = []v1.RunState{stopped, completed, failed, cancelled}
 
 // transition is one row of the table: from any of from to to, when the run
 // satisfies ok. when and guard say in words what the row's callers do and
@@ -141,7 +140,9 @@ func (r *runState) firedStepPublished() bool {
 	return r.rec.Run.FiredAtStep > 0 && r.steps[r.rec.Run.FiredAtStep].GetPublished()
 }
 
-func isTerminal(s v1.RunState) bool { return slices.Contains(terminalStates, s) }
+// isTerminal: s is one of the states a run never leaves, which the API
+// declares (the (snapcoord.v1.terminal) option on RunState's values).
+func isTerminal(s v1.RunState) bool { return runstate.Terminal(s) }
 
 // errIllegalTransition marks a state change that no row of transitions
 // allows: an engine bug.
@@ -293,7 +294,8 @@ func (m *mut) failRun(msg string) {
 	m.terminate(failed, msg)
 }
 
-func stateName(s v1.RunState) string { return strings.TrimPrefix(s.String(), "RUN_STATE_") }
+// stateName is how the engine names a run state: RUNNING.
+func stateName(s v1.RunState) string { return enumtext.Name(s) }
 
 // stateTable renders transitions as the table in this file's comment.
 func stateTable() string {

@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"crypto/sha256"
-	"encoding/base64"
 	"fmt"
 	"slices"
 	"sort"
@@ -436,23 +435,23 @@ func compareWorkers(a, b workerKey) int {
 	return cmp.Or(cmp.Compare(a.role, b.role), cmp.Compare(a.rank, b.rank), strings.Compare(a.name, b.name))
 }
 
-// A worker page token is the last listed worker's key: role, rank and
+// A worker page token's key is the last listed worker's role, rank and
 // name, which has no spaces.
 func encodeWorkerToken(k workerKey) string {
-	return encodePageToken(fmt.Sprintf("%d %d %s", k.role, k.rank, k.name))
+	return encodePageToken(k.String())
 }
 
+func (k workerKey) String() string { return fmt.Sprintf("%d %d %s", k.role, k.rank, k.name) }
+
+// decodeWorkerToken returns the key in tok, nil for the first page.
 func decodeWorkerToken(tok string) (*workerKey, error) {
-	if tok == "" {
-		return nil, nil
-	}
 	var k workerKey
-	b, err := base64.RawURLEncoding.DecodeString(tok)
-	if err == nil {
-		_, err = fmt.Sscanf(string(b), "%d %d %s", &k.role, &k.rank, &k.name)
-	}
-	if err != nil || encodeWorkerToken(k) != tok {
-		return nil, errorf(ErrInvalidArgument, "page_token: not a token returned by ListWorkers")
+	key, err := decodePageToken(tok, "ListWorkers", func(key string) bool {
+		_, err := fmt.Sscanf(key, "%d %d %s", &k.role, &k.rank, &k.name)
+		return err == nil && k.String() == key
+	})
+	if key == "" {
+		return nil, err
 	}
 	return &k, nil
 }

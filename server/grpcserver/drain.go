@@ -12,7 +12,7 @@ import (
 	"google.golang.org/grpc/stats"
 	"google.golang.org/grpc/status"
 
-	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+	"github.com/snapcoord/snapcoord/rpcfacts"
 )
 
 // errDrained marks a context cancelled by shutdown; clients never see it.
@@ -22,18 +22,16 @@ var errDrained = errors.New("server is shutting down")
 // stream or poll resumes from the last sequence number it saw.
 var errUnavailable = status.Error(codes.Unavailable, "server is shutting down; retry")
 
-// longPolls are the unary methods that may wait for a long time. Like
-// streams, they would hold GracefulStop for the whole drain timeout.
-var longPolls = map[string]bool{v1.WorkerService_PollCommands_FullMethodName: true}
+// longPolls are the unary methods that may wait for a long time (declared
+// long_lived in the proto). Like streams, they would hold GracefulStop for
+// the whole drain timeout.
+var longPolls = rpcfacts.Set(rpcfacts.LongPoll)
 
 // engineLongCalls are the long-lived RPCs the engine itself ends at
-// shutdown (Engine.EndLongCalls): with thousands of command streams open,
-// a cancellable context per stream costs about 1 KiB each.
-var engineLongCalls = map[string]bool{
-	v1.WorkerService_StreamCommands_FullMethodName: true,
-	v1.WorkerService_PollCommands_FullMethodName:   true,
-	v1.RunService_WatchRun_FullMethodName:          true,
-}
+// shutdown (Engine.EndLongCalls): the API's long_lived streams and long
+// polls. With thousands of command streams open, a cancellable context per
+// stream costs about 1 KiB each.
+var engineLongCalls = rpcfacts.Set(rpcfacts.LongLived)
 
 // drainer ends long-lived RPCs when shutdown starts. GracefulStop waits for
 // every open RPC, and streams (WatchRun, StreamCommands, health Watch) never

@@ -48,6 +48,7 @@ import (
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 	"github.com/snapcoord/snapcoord/coordinator/coordtest"
 	"github.com/snapcoord/snapcoord/internal/spectest"
+	"github.com/snapcoord/snapcoord/runstate"
 	"github.com/snapcoord/snapcoord/store"
 )
 
@@ -288,7 +289,7 @@ func (e *fuzzEnv) fixture(t *testing.T, k int) *fixture {
 	ctx := t.Context()
 	if fx := e.fixtures[k]; fx != nil {
 		resp, err := e.runs.GetRun(ctx, &v1.GetRunRequest{RunId: fx.id})
-		if err == nil && resp.Run.FiredAt == nil && !terminal(resp.Run.State) {
+		if err == nil && resp.Run.FiredAt == nil && !runstate.Terminal(resp.Run.State) {
 			return fx
 		}
 	}
@@ -318,14 +319,6 @@ func (e *fuzzEnv) fixture(t *testing.T, k int) *fixture {
 	}
 	e.fixtures[k] = fx
 	return fx
-}
-
-func terminal(s v1.RunState) bool {
-	switch s {
-	case v1.RunState_RUN_STATE_STOPPED, v1.RunState_RUN_STATE_COMPLETED, v1.RunState_RUN_STATE_FAILED, v1.RunState_RUN_STATE_CANCELLED:
-		return true
-	}
-	return false
 }
 
 // anchorTo points the request at a fixture: bit 0 sets run_id, bit 1

@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+	"github.com/snapcoord/snapcoord/enumtext"
 	"github.com/snapcoord/snapcoord/server/engine"
 )
 
@@ -209,7 +210,7 @@ const timeLayout = "2006-01-02 15:04:05 UTC"
 func summarize(run *v1.Run, now time.Time) runSummary {
 	d := run.GetDeadline()
 	s := runSummary{
-		ID: run.GetRunId(), State: stateName(run.GetState()), LastStep: run.GetLastStep(),
+		ID: run.GetRunId(), State: enumtext.Lower(run.GetState()), LastStep: run.GetLastStep(),
 		Failure: run.GetFailureMessage(),
 		I:       seconds(d.GetIterationSeconds()), C: seconds(d.GetCheckpointSeconds()),
 		R: seconds(d.GetSaveReserveSeconds()), M: seconds(d.GetMarginSeconds()),
@@ -234,10 +235,6 @@ func summarize(run *v1.Run, now time.Time) runSummary {
 		s.Ended = e.AsTime().UTC().Format(timeLayout)
 	}
 	return s
-}
-
-func stateName(s v1.RunState) string {
-	return strings.ToLower(strings.TrimPrefix(s.String(), "RUN_STATE_"))
 }
 
 // until says how far away a moment is: "in 1h2m3s" or "4m5s ago".

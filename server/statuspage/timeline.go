@@ -11,6 +11,8 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+	"github.com/snapcoord/snapcoord/enumtext"
+	"github.com/snapcoord/snapcoord/paging"
 )
 
 // Bounds on what one page draws, so a run of many days stays one quick
@@ -38,20 +40,19 @@ func loadTimeline(ctx context.Context, runs Runs, id string) (*timeline, error) 
 	if err := tl.loadEvents(ctx, runs); err != nil {
 		return nil, err
 	}
-	token := ""
-	for {
+	err = paging.Each(func(token string) ([]*v1.Snapshot, string, error) {
 		page, err := runs.ListSnapshots(ctx, &v1.ListSnapshotsRequest{RunId: id, PageToken: token})
-		if err != nil {
-			return nil, err
-		}
-		tl.snapshots = append(tl.snapshots, page.GetSnapshots()...)
+		return page.GetSnapshots(), page.GetNextPageToken(), err
+	}, func(snaps []*v1.Snapshot) {
+		tl.snapshots = append(tl.snapshots, snaps...)
 		if len(tl.snapshots) > maxSnapshots {
 			tl.snapshots = tl.snapshots[len(tl.snapshots)-maxSnapshots:]
 		}
-		if token = page.GetNextPageToken(); token == "" {
-			return tl, nil
-		}
+	})
+	if err != nil {
+		return nil, err
 	}
+	return tl, nil
 }
 
 // errCaughtUp ends the watch once the events GetRun counted are in.
@@ -289,10 +290,10 @@ func (tl *timeline) drawSnapshots(v *timelineView, s span, now time.Time) {
 		dur := "in flight"
 		if sn.GetCompletedAt() != nil {
 			to = sn.GetCompletedAt().AsTime()
-			outcome = strings.ToLower(strings.TrimPrefix(sn.GetOutcome().String(), "SNAPSHOT_OUTCOME_"))
+			outcome = enumtext.Lower(sn.GetOutcome())
 			dur = seconds(sn.GetDurationSeconds())
 		}
-		reason := strings.ToLower(strings.TrimPrefix(sn.GetReason().String(), "SNAPSHOT_REASON_"))
+		reason := enumtext.Lower(sn.GetReason())
 		x := s.x(from)
 		v.Snapshots = append(v.Snapshots, bar{X: x, Y: snapY, W: math.Max(2, s.x(to)-x), H: 22, TextY: snapY + 36,
 			Class: "snapshot " + outcome + " reason-" + reason,
@@ -308,9 +309,9 @@ func (tl *timeline) drawSnapshots(v *timelineView, s span, now time.Time) {
 	}
 	for _, sn := range tl.snapshots[max(0, len(tl.snapshots)-tableRows):] {
 		row := snapshotRow{ID: sn.GetSnapshotId(), Anchor: sn.GetAnchorStep(), Issued: sn.GetIssuedAt().AsTime().UTC().Format(timeLayout),
-			Reason: strings.ToLower(strings.TrimPrefix(sn.GetReason().String(), "SNAPSHOT_REASON_")), Outcome: "in flight", Duration: "-"}
+			Reason: enumtext.Lower(sn.GetReason()), Outcome: "in flight", Duration: "-"}
 		if sn.GetCompletedAt() != nil {
-			row.Outcome = strings.ToLower(strings.TrimPrefix(sn.GetOutcome().String(), "SNAPSHOT_OUTCOME_"))
+			row.Outcome = enumtext.Lower(sn.GetOutcome())
 			row.Duration = seconds(sn.GetDurationSeconds())
 		}
 		row.Class = strings.ReplaceAll(row.Outcome, " ", "-")
@@ -365,5 +366,5 @@ func ticks(s span) []label {
 }
 
 func actionName(a v1.StepAction) string {
-	return strings.ReplaceAll(strings.ToLower(strings.TrimPrefix(a.String(), "STEP_ACTION_")), "_", "-")
+	return strings.ReplaceAll(enumtext.Lower(a), "_", "-")
 }

@@ -3,13 +3,14 @@ package telemetry
 import (
 	"context"
 	"log/slog"
-	"strings"
 	"time"
 
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+
+	"github.com/snapcoord/snapcoord/rpcfacts"
 )
 
 // RPC log fields beyond go-grpc-middleware's own (grpc.service,
@@ -27,11 +28,11 @@ func slogLogger(l *slog.Logger) logging.Logger {
 	})
 }
 
-// routineMethods are the calls every worker makes every few seconds. Their
-// successful lines go to debug: with thousands of workers they would bury
-// everything else at info (and cost more CPU than the calls themselves);
-// their failures keep their level.
-var routineMethods = map[string]bool{"Heartbeat": true, "PollCommands": true}
+// routineMethods are the calls every worker makes every few seconds (declared
+// routine in the proto). Their successful lines go to debug: with thousands
+// of workers they would bury everything else at info (and cost more CPU than
+// the calls themselves); their failures keep their level.
+var routineMethods = rpcfacts.Set(rpcfacts.Routine)
 
 // loggingOptions log one line per finished RPC. Payloads are never logged
 // (a CreateRun response carries the run token), and neither is metadata
@@ -77,7 +78,7 @@ func RPCLoggingUnary(l *slog.Logger) grpc.UnaryServerInterceptor {
 	log := logging.UnaryServerInterceptor(slogLogger(l), loggingOptions(rpcLevel)...)
 	logRoutine := logging.UnaryServerInterceptor(slogLogger(l), loggingOptions(routineLevel)...)
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		if !routineMethods[methodName(info.FullMethod)] {
+		if !routineMethods[info.FullMethod] {
 			return log(ctx, req, info, handler)
 		}
 		if l.Enabled(ctx, slog.LevelDebug) {
@@ -91,10 +92,6 @@ func RPCLoggingUnary(l *slog.Logger) grpc.UnaryServerInterceptor {
 		ctx = context.WithValue(ctx, timingKey{}, timing{start: start, took: time.Since(start)})
 		return logRoutine(ctx, req, info, func(context.Context, any) (any, error) { return resp, err })
 	}
-}
-
-func methodName(fullMethod string) string {
-	return fullMethod[strings.LastIndexByte(fullMethod, '/')+1:]
 }
 
 // timing is a call's measured start and duration, and for a stream the ids

@@ -3,7 +3,6 @@ package telemetry
 import (
 	"context"
 	"fmt"
-	"strings"
 	"sync"
 	"time"
 
@@ -17,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/resource"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+	"github.com/snapcoord/snapcoord/enumtext"
 	"github.com/snapcoord/snapcoord/server/engine"
 )
 
@@ -152,15 +152,15 @@ func (m *metrics) observeStats(stats func() engine.Stats) (metric.Registration, 
 		s := stats()
 		for _, st := range enumValues(v1.RunState_name) {
 			state := v1.RunState(st)
-			o.ObserveInt64(m.runs, int64(s.Runs[state]), metric.WithAttributes(attribute.String("state", RunStateLabel(state))))
+			o.ObserveInt64(m.runs, int64(s.Runs[state]), metric.WithAttributes(attribute.String("state", enumtext.Lower(state))))
 		}
 		for _, ro := range enumValues(v1.WorkerRole_name) {
 			role := v1.WorkerRole(ro)
 			for _, ws := range enumValues(v1.WorkerState_name) {
 				state := v1.WorkerState(ws)
 				o.ObserveInt64(m.workers, int64(s.Workers[role][state]), metric.WithAttributes(
-					attribute.String("role", label(role.String(), "WORKER_ROLE_")),
-					attribute.String("state", label(state.String(), "WORKER_STATE_"))))
+					attribute.String("role", enumtext.Lower(role)),
+					attribute.String("state", enumtext.Lower(state))))
 			}
 		}
 		return nil
@@ -177,14 +177,6 @@ func enumValues(names map[int32]string) []int32 {
 	}
 	return vals
 }
-
-// label turns RUN_STATE_RUNNING into "running": short, Prometheus-style.
-func label(name, prefix string) string {
-	return strings.ToLower(strings.TrimPrefix(name, prefix))
-}
-
-// RunStateLabel is the "state" attribute value of a run state.
-func RunStateLabel(s v1.RunState) string { return label(s.String(), "RUN_STATE_") }
 
 // attrKey names a measurement's attributes: one or two, by key and value.
 type attrKey struct{ k1, v1, k2, v2 string }
@@ -224,11 +216,11 @@ func (c *attrSets) add(k attrKey) metric.MeasurementOption {
 }
 
 func (m *metrics) decision(a v1.StepAction) {
-	m.decisions.Add(context.Background(), 1, m.attrs.get(attrKey{k1: "action", v1: label(a.String(), "STEP_ACTION_")}))
+	m.decisions.Add(context.Background(), 1, m.attrs.get(attrKey{k1: "action", v1: enumtext.Lower(a)}))
 }
 
 func (m *metrics) deadlineFired(k v1.DeadlineFireKind) {
-	m.deadlineFires.Add(context.Background(), 1, m.attrs.get(attrKey{k1: "kind", v1: label(k.String(), "DEADLINE_FIRE_KIND_")}))
+	m.deadlineFires.Add(context.Background(), 1, m.attrs.get(attrKey{k1: "kind", v1: enumtext.Lower(k)}))
 }
 
 func (m *metrics) deadlineMissedBy(cause engine.MissCause) {
@@ -245,8 +237,8 @@ func (m *metrics) commandDelivered(kind string, latency time.Duration) {
 
 func (m *metrics) snapshotCompleted(reason v1.SnapshotReason, outcome v1.SnapshotOutcome, seconds float64) {
 	m.snapshotDuration.Record(context.Background(), seconds, m.attrs.get(attrKey{
-		k1: "reason", v1: label(reason.String(), "SNAPSHOT_REASON_"),
-		k2: "outcome", v2: label(outcome.String(), "SNAPSHOT_OUTCOME_")}))
+		k1: "reason", v1: enumtext.Lower(reason),
+		k2: "outcome", v2: enumtext.Lower(outcome)}))
 }
 
 func (m *metrics) checkpointSaved(seconds float64) {

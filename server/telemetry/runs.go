@@ -9,6 +9,8 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/snapcoord/snapcoord/server/engine"
+
+	"github.com/snapcoord/snapcoord/enumtext"
 )
 
 // Per-run gauges, labelled run_id. They are observed at each scrape from the
@@ -103,7 +105,7 @@ func (t *Telemetry) ObserveLive(v LiveView) error {
 func (g *runGauges) observeRun(o metric.Observer, now time.Time, lr engine.LiveRun) {
 	run := lr.Run
 	id := metric.WithAttributes(attribute.String("run_id", run.GetRunId()))
-	o.ObserveInt64(g.state, 1, metric.WithAttributes(attribute.String("run_id", run.GetRunId()), attribute.String("state", RunStateLabel(run.GetState()))))
+	o.ObserveInt64(g.state, 1, metric.WithAttributes(attribute.String("run_id", run.GetRunId()), attribute.String("state", enumtext.Lower(run.GetState()))))
 	o.ObserveInt64(g.snapshotFails, int64(lr.SnapshotFailuresInARow), id)
 	d := run.GetDeadline()
 	o.ObserveFloat64(g.iteration, d.GetIterationSeconds(), id)

@@ -1083,7 +1083,7 @@ var File_snapcoord_v1_run_proto protoreflect.FileDescriptor
 
 const file_snapcoord_v1_run_proto_rawDesc = "" +
 	"\n" +
-	"\x16snapcoord/v1/run.proto\x12\fsnapcoord.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa6\x03\n" +
+	"\x16snapcoord/v1/run.proto\x12\fsnapcoord.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1asnapcoord/v1/options.proto\"\xa6\x03\n" +
 	"\aRunSpec\x129\n" +
 	"\x12trainer_world_size\x18\x01 \x01(\x05B\v\xbaH\b\x1a\x06\x18\x80\x80\x04(\x01R\x10trainerWorldSize\x129\n" +
 	"\n" +
@@ -1160,17 +1160,17 @@ const file_snapcoord_v1_run_proto_rawDesc = "" +
 	"\x0elast_event_seq\x18\r \x01(\x03R\flastEventSeq\x12'\n" +
 	"\x0fdeadline_missed\x18\x0e \x01(\bR\x0edeadlineMissed\x12H\n" +
 	"\x12deadline_missed_at\x18\x0f \x01(\v2\x1a.google.protobuf.TimestampR\x10deadlineMissedAt\x124\n" +
-	"\x16deadline_missed_reason\x18\x10 \x01(\tR\x14deadlineMissedReason*\xe4\x01\n" +
+	"\x16deadline_missed_reason\x18\x10 \x01(\tR\x14deadlineMissedReason*\xfc\x01\n" +
 	"\bRunState\x12\x19\n" +
 	"\x15RUN_STATE_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11RUN_STATE_PENDING\x10\x01\x12\x15\n" +
 	"\x11RUN_STATE_RUNNING\x10\x02\x12\x14\n" +
 	"\x10RUN_STATE_SAVING\x10\x03\x12\x1a\n" +
-	"\x16RUN_STATE_SNAPSHOTTING\x10\x04\x12\x15\n" +
-	"\x11RUN_STATE_STOPPED\x10\x05\x12\x17\n" +
-	"\x13RUN_STATE_COMPLETED\x10\x06\x12\x14\n" +
-	"\x10RUN_STATE_FAILED\x10\a\x12\x17\n" +
-	"\x13RUN_STATE_CANCELLED\x10\b*\x94\x01\n" +
+	"\x16RUN_STATE_SNAPSHOTTING\x10\x04\x12\x1b\n" +
+	"\x11RUN_STATE_STOPPED\x10\x05\x1a\x04\x88\x99\x19\x01\x12\x1d\n" +
+	"\x13RUN_STATE_COMPLETED\x10\x06\x1a\x04\x88\x99\x19\x01\x12\x1a\n" +
+	"\x10RUN_STATE_FAILED\x10\a\x1a\x04\x88\x99\x19\x01\x12\x1d\n" +
+	"\x13RUN_STATE_CANCELLED\x10\b\x1a\x04\x88\x99\x19\x01*\x94\x01\n" +
 	"\vTargetLevel\x12\x1c\n" +
 	"\x18TARGET_LEVEL_UNSPECIFIED\x10\x00\x12\x1d\n" +
 	"\x19TARGET_LEVEL_PROMPT_GROUP\x10\x01\x12\x18\n" +
@@ -1248,6 +1248,7 @@ func file_snapcoord_v1_run_proto_init() {
 	if File_snapcoord_v1_run_proto != nil {
 		return
 	}
+	file_snapcoord_v1_options_proto_init()
 	file_snapcoord_v1_run_proto_msgTypes[2].OneofWrappers = []any{}
 	file_snapcoord_v1_run_proto_msgTypes[4].OneofWrappers = []any{}
 	file_snapcoord_v1_run_proto_msgTypes[5].OneofWrappers = []any{}

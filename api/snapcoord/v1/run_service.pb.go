@@ -1138,7 +1138,7 @@ var File_snapcoord_v1_run_service_proto protoreflect.FileDescriptor
 
 const file_snapcoord_v1_run_service_proto_rawDesc = "" +
 	"\n" +
-	"\x1esnapcoord/v1/run_service.proto\x12\fsnapcoord.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18snapcoord/v1/event.proto\x1a\x16snapcoord/v1/run.proto\x1a\x19snapcoord/v1/worker.proto\"\x81\x01\n" +
+	"\x1esnapcoord/v1/run_service.proto\x12\fsnapcoord.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18snapcoord/v1/event.proto\x1a\x1asnapcoord/v1/options.proto\x1a\x16snapcoord/v1/run.proto\x1a\x19snapcoord/v1/worker.proto\"\x81\x01\n" +
 	"\x10CreateRunRequest\x12:\n" +
 	"\x06run_id\x18\x01 \x01(\tB#\xbaH r\x1e2\x1c^[a-z0-9][a-z0-9._-]{0,127}$R\x05runId\x121\n" +
 	"\x04spec\x18\x02 \x01(\v2\x15.snapcoord.v1.RunSpecB\x06\xbaH\x03\xc8\x01\x01R\x04spec\"|\n" +
@@ -1205,19 +1205,19 @@ const file_snapcoord_v1_run_service_proto_rawDesc = "" +
 	"\x06reason\x18\x02 \x01(\tB\b\xbaH\x05r\x03(\x80\bR\x06reason\"[\n" +
 	"\x17ReissueRunTokenResponse\x12#\n" +
 	"\x03run\x18\x01 \x01(\v2\x11.snapcoord.v1.RunR\x03run\x12\x1b\n" +
-	"\trun_token\x18\x02 \x01(\tR\brunToken2\xd0\x06\n" +
+	"\trun_token\x18\x02 \x01(\tR\brunToken2\xb0\a\n" +
 	"\n" +
-	"RunService\x12L\n" +
-	"\tCreateRun\x12\x1e.snapcoord.v1.CreateRunRequest\x1a\x1f.snapcoord.v1.CreateRunResponse\x12C\n" +
-	"\x06GetRun\x12\x1b.snapcoord.v1.GetRunRequest\x1a\x1c.snapcoord.v1.GetRunResponse\x12I\n" +
-	"\bListRuns\x12\x1d.snapcoord.v1.ListRunsRequest\x1a\x1e.snapcoord.v1.ListRunsResponse\x12[\n" +
-	"\x0eUpdateDeadline\x12#.snapcoord.v1.UpdateDeadlineRequest\x1a$.snapcoord.v1.UpdateDeadlineResponse\x12^\n" +
-	"\x0fTriggerDeadline\x12$.snapcoord.v1.TriggerDeadlineRequest\x1a%.snapcoord.v1.TriggerDeadlineResponse\x12L\n" +
-	"\tCancelRun\x12\x1e.snapcoord.v1.CancelRunRequest\x1a\x1f.snapcoord.v1.CancelRunResponse\x12K\n" +
-	"\bWatchRun\x12\x1d.snapcoord.v1.WatchRunRequest\x1a\x1e.snapcoord.v1.WatchRunResponse0\x01\x12R\n" +
-	"\vListWorkers\x12 .snapcoord.v1.ListWorkersRequest\x1a!.snapcoord.v1.ListWorkersResponse\x12X\n" +
-	"\rListSnapshots\x12\".snapcoord.v1.ListSnapshotsRequest\x1a#.snapcoord.v1.ListSnapshotsResponse\x12^\n" +
-	"\x0fReissueRunToken\x12$.snapcoord.v1.ReissueRunTokenRequest\x1a%.snapcoord.v1.ReissueRunTokenResponseB\xb1\x01\n" +
+	"RunService\x12V\n" +
+	"\tCreateRun\x12\x1e.snapcoord.v1.CreateRunRequest\x1a\x1f.snapcoord.v1.CreateRunResponse\"\b\x82\x99\x19\x04\b\x01 \x01\x12M\n" +
+	"\x06GetRun\x12\x1b.snapcoord.v1.GetRunRequest\x1a\x1c.snapcoord.v1.GetRunResponse\"\b\x82\x99\x19\x04\b\x01 \x01\x12S\n" +
+	"\bListRuns\x12\x1d.snapcoord.v1.ListRunsRequest\x1a\x1e.snapcoord.v1.ListRunsResponse\"\b\x82\x99\x19\x04\b\x01 \x01\x12e\n" +
+	"\x0eUpdateDeadline\x12#.snapcoord.v1.UpdateDeadlineRequest\x1a$.snapcoord.v1.UpdateDeadlineResponse\"\b\x82\x99\x19\x04\b\x01 \x01\x12f\n" +
+	"\x0fTriggerDeadline\x12$.snapcoord.v1.TriggerDeadlineRequest\x1a%.snapcoord.v1.TriggerDeadlineResponse\"\x06\x82\x99\x19\x02 \x01\x12V\n" +
+	"\tCancelRun\x12\x1e.snapcoord.v1.CancelRunRequest\x1a\x1f.snapcoord.v1.CancelRunResponse\"\b\x82\x99\x19\x04\b\x01 \x01\x12U\n" +
+	"\bWatchRun\x12\x1d.snapcoord.v1.WatchRunRequest\x1a\x1e.snapcoord.v1.WatchRunResponse\"\b\x82\x99\x19\x04\x10\x01 \x010\x01\x12\\\n" +
+	"\vListWorkers\x12 .snapcoord.v1.ListWorkersRequest\x1a!.snapcoord.v1.ListWorkersResponse\"\b\x82\x99\x19\x04\b\x01 \x01\x12b\n" +
+	"\rListSnapshots\x12\".snapcoord.v1.ListSnapshotsRequest\x1a#.snapcoord.v1.ListSnapshotsResponse\"\b\x82\x99\x19\x04\b\x01 \x01\x12f\n" +
+	"\x0fReissueRunToken\x12$.snapcoord.v1.ReissueRunTokenRequest\x1a%.snapcoord.v1.ReissueRunTokenResponse\"\x06\x82\x99\x19\x02 \x01B\xb1\x01\n" +
 	"\x10com.snapcoord.v1B\x0fRunServiceProtoP\x01Z;github.com/snapcoord/snapcoord/api/snapcoord/v1;snapcoordv1\xa2\x02\x03SXX\xaa\x02\fSnapcoord.V1\xca\x02\fSnapcoord\\V1\xe2\x02\x18Snapcoord\\V1\\GPBMetadata\xea\x02\rSnapcoord::V1b\x06proto3"
 
 var (
@@ -1309,6 +1309,7 @@ func file_snapcoord_v1_run_service_proto_init() {
 		return
 	}
 	file_snapcoord_v1_event_proto_init()
+	file_snapcoord_v1_options_proto_init()
 	file_snapcoord_v1_run_proto_init()
 	file_snapcoord_v1_worker_proto_init()
 	type x struct{}

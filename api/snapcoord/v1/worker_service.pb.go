@@ -1329,7 +1329,7 @@ var File_snapcoord_v1_worker_service_proto protoreflect.FileDescriptor
 
 const file_snapcoord_v1_worker_service_proto_rawDesc = "" +
 	"\n" +
-	"!snapcoord/v1/worker_service.proto\x12\fsnapcoord.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18snapcoord/v1/event.proto\x1a\x16snapcoord/v1/run.proto\x1a\x19snapcoord/v1/worker.proto\"\x9b\x02\n" +
+	"!snapcoord/v1/worker_service.proto\x12\fsnapcoord.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18snapcoord/v1/event.proto\x1a\x1asnapcoord/v1/options.proto\x1a\x16snapcoord/v1/run.proto\x1a\x19snapcoord/v1/worker.proto\"\x9b\x02\n" +
 	"\x15RegisterWorkerRequest\x12:\n" +
 	"\x06run_id\x18\x01 \x01(\tB#\xbaH r\x1e2\x1c^[a-z0-9][a-z0-9._-]{0,127}$R\x05runId\x128\n" +
 	"\x04role\x18\x02 \x01(\x0e2\x18.snapcoord.v1.WorkerRoleB\n" +
@@ -1416,17 +1416,18 @@ const file_snapcoord_v1_worker_service_proto_rawDesc = "" +
 	"\x0fCheckpointPhase\x12 \n" +
 	"\x1cCHECKPOINT_PHASE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16CHECKPOINT_PHASE_SAVED\x10\x01\x12\x1e\n" +
-	"\x1aCHECKPOINT_PHASE_PUBLISHED\x10\x022\xb8\x06\n" +
-	"\rWorkerService\x12[\n" +
-	"\x0eRegisterWorker\x12#.snapcoord.v1.RegisterWorkerRequest\x1a$.snapcoord.v1.RegisterWorkerResponse\x12L\n" +
-	"\tHeartbeat\x12\x1e.snapcoord.v1.HeartbeatRequest\x1a\x1f.snapcoord.v1.HeartbeatResponse\x12a\n" +
-	"\x10DeregisterWorker\x12%.snapcoord.v1.DeregisterWorkerRequest\x1a&.snapcoord.v1.DeregisterWorkerResponse\x12U\n" +
-	"\fCompleteStep\x12!.snapcoord.v1.CompleteStepRequest\x1a\".snapcoord.v1.CompleteStepResponse\x12a\n" +
-	"\x10ReportCheckpoint\x12%.snapcoord.v1.ReportCheckpointRequest\x1a&.snapcoord.v1.ReportCheckpointResponse\x12[\n" +
-	"\x0eReportSnapshot\x12#.snapcoord.v1.ReportSnapshotRequest\x1a$.snapcoord.v1.ReportSnapshotResponse\x12L\n" +
-	"\tFinishRun\x12\x1e.snapcoord.v1.FinishRunRequest\x1a\x1f.snapcoord.v1.FinishRunResponse\x12]\n" +
-	"\x0eStreamCommands\x12#.snapcoord.v1.StreamCommandsRequest\x1a$.snapcoord.v1.StreamCommandsResponse0\x01\x12U\n" +
-	"\fPollCommands\x12!.snapcoord.v1.PollCommandsRequest\x1a\".snapcoord.v1.PollCommandsResponseB\xb4\x01\n" +
+	"\x1aCHECKPOINT_PHASE_PUBLISHED\x10\x022\x98\a\n" +
+	"\rWorkerService\x12e\n" +
+	"\x0eRegisterWorker\x12#.snapcoord.v1.RegisterWorkerRequest\x1a$.snapcoord.v1.RegisterWorkerResponse\"\b\x82\x99\x19\x04\b\x01 \x02\x12X\n" +
+	"\tHeartbeat\x12\x1e.snapcoord.v1.HeartbeatRequest\x1a\x1f.snapcoord.v1.HeartbeatResponse\"\n" +
+	"\x82\x99\x19\x06\b\x01\x18\x01 \x02\x12k\n" +
+	"\x10DeregisterWorker\x12%.snapcoord.v1.DeregisterWorkerRequest\x1a&.snapcoord.v1.DeregisterWorkerResponse\"\b\x82\x99\x19\x04\b\x01 \x02\x12_\n" +
+	"\fCompleteStep\x12!.snapcoord.v1.CompleteStepRequest\x1a\".snapcoord.v1.CompleteStepResponse\"\b\x82\x99\x19\x04\b\x01 \x02\x12k\n" +
+	"\x10ReportCheckpoint\x12%.snapcoord.v1.ReportCheckpointRequest\x1a&.snapcoord.v1.ReportCheckpointResponse\"\b\x82\x99\x19\x04\b\x01 \x02\x12e\n" +
+	"\x0eReportSnapshot\x12#.snapcoord.v1.ReportSnapshotRequest\x1a$.snapcoord.v1.ReportSnapshotResponse\"\b\x82\x99\x19\x04\b\x01 \x02\x12V\n" +
+	"\tFinishRun\x12\x1e.snapcoord.v1.FinishRunRequest\x1a\x1f.snapcoord.v1.FinishRunResponse\"\b\x82\x99\x19\x04\b\x01 \x02\x12g\n" +
+	"\x0eStreamCommands\x12#.snapcoord.v1.StreamCommandsRequest\x1a$.snapcoord.v1.StreamCommandsResponse\"\b\x82\x99\x19\x04\x10\x01 \x020\x01\x12c\n" +
+	"\fPollCommands\x12!.snapcoord.v1.PollCommandsRequest\x1a\".snapcoord.v1.PollCommandsResponse\"\f\x82\x99\x19\b\b\x01\x10\x01\x18\x01 \x02B\xb4\x01\n" +
 	"\x10com.snapcoord.v1B\x12WorkerServiceProtoP\x01Z;github.com/snapcoord/snapcoord/api/snapcoord/v1;snapcoordv1\xa2\x02\x03SXX\xaa\x02\fSnapcoord.V1\xca\x02\fSnapcoord\\V1\xe2\x02\x18Snapcoord\\V1\\GPBMetadata\xea\x02\rSnapcoord::V1b\x06proto3"
 
 var (
@@ -1520,6 +1521,7 @@ func file_snapcoord_v1_worker_service_proto_init() {
 		return
 	}
 	file_snapcoord_v1_event_proto_init()
+	file_snapcoord_v1_options_proto_init()
 	file_snapcoord_v1_run_proto_init()
 	file_snapcoord_v1_worker_proto_init()
 	type x struct{}

@@ -1,7 +1,10 @@
 """Which calls are retried, and how: the Python twin of the Go client's retry.go.
 
-``RETRIED_METHODS`` must list exactly the methods of the Go client's
-``retried`` map; ``client/retry_python_test.go`` fails when the two disagree.
+Which calls are safe to retry is not written here: the API declares it, in
+the ``(snapcoord.v1.rpc)`` option of each RPC (proto/snapcoord/v1), and
+``RETRIED_METHODS`` is read from the generated descriptors, as the Go client
+reads its list (package rpcfacts). ``client/retry_python_test.go`` checks
+that both read the same methods.
 """
 
 from __future__ import annotations
@@ -9,31 +12,29 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from snapcoord.v1 import options_pb2, run_service_pb2, worker_service_pb2
+
+
+def _retry_safe_methods() -> frozenset[str]:
+    """The unary methods the API declares ``retry_safe``.
+
+    Why each is safe to repeat when its reply was lost is said next to its
+    option. A stream is never re-sent: it resumes from its last sequence
+    number instead.
+    """
+    methods = set()
+    for module in (run_service_pb2, worker_service_pb2):
+        for service in module.DESCRIPTOR.services_by_name.values():
+            for method in service.methods:
+                facts = method.GetOptions().Extensions[options_pb2.rpc]
+                if facts.retry_safe and not (method.client_streaming or method.server_streaming):
+                    methods.add(f"/{service.full_name}/{method.name}")
+    return frozenset(methods)
+
+
 # The unary methods that are safe to repeat when their reply was lost, and
-# so are retried on UNAVAILABLE. Why each is safe is said next to the Go list
-# (client/retry.go). Deliberately absent: TriggerDeadline (a retry after a
-# lost reply may answer "already fired" for a call that worked) and the
-# streams StreamCommands and WatchRun, which resume from their last sequence
-# number instead of being re-sent.
-RETRIED_METHODS: frozenset[str] = frozenset(
-    {
-        "/snapcoord.v1.RunService/GetRun",
-        "/snapcoord.v1.RunService/ListRuns",
-        "/snapcoord.v1.RunService/ListWorkers",
-        "/snapcoord.v1.RunService/ListSnapshots",
-        "/snapcoord.v1.RunService/UpdateDeadline",
-        "/snapcoord.v1.RunService/CancelRun",
-        "/snapcoord.v1.RunService/CreateRun",
-        "/snapcoord.v1.WorkerService/RegisterWorker",
-        "/snapcoord.v1.WorkerService/Heartbeat",
-        "/snapcoord.v1.WorkerService/DeregisterWorker",
-        "/snapcoord.v1.WorkerService/CompleteStep",
-        "/snapcoord.v1.WorkerService/ReportCheckpoint",
-        "/snapcoord.v1.WorkerService/ReportSnapshot",
-        "/snapcoord.v1.WorkerService/FinishRun",
-        "/snapcoord.v1.WorkerService/PollCommands",
-    }
-)
+# so are retried on UNAVAILABLE.
+RETRIED_METHODS: frozenset[str] = _retry_safe_methods()
 
 # A worker re-opens its command stream (or polls again) at most this far
 # apart, whatever RetryPolicy.max_delay says: a command issued as a restarted

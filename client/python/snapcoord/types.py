@@ -14,7 +14,7 @@ from typing import Optional
 from google.protobuf import timestamp_pb2
 
 from snapcoord.errors import UnknownActionError
-from snapcoord.v1 import event_pb2, run_pb2, worker_pb2, worker_service_pb2
+from snapcoord.v1 import event_pb2, options_pb2, run_pb2, worker_pb2, worker_service_pb2
 
 
 class Action(enum.IntEnum):
@@ -28,6 +28,13 @@ class Action(enum.IntEnum):
     #: A safety save: save the checkpoint of this step, report it, then keep
     #: training (only in runs with ``reserve.safety_saves``).
     SAVE_AND_CONTINUE = event_pb2.STEP_ACTION_SAVE_AND_CONTINUE
+
+
+# The RunState values the API declares terminal (their ``(snapcoord.v1.terminal)``
+# option, as the server and the Go client read it).
+_TERMINAL_STATES: frozenset[int] = frozenset(
+    v.number for v in run_pb2.RunState.DESCRIPTOR.values if v.GetOptions().Extensions[options_pb2.terminal]
+)
 
 
 class RunState(enum.IntEnum):
@@ -46,7 +53,7 @@ class RunState(enum.IntEnum):
     @property
     def terminal(self) -> bool:
         """STOPPED, COMPLETED, FAILED and CANCELLED: the run is over."""
-        return self in (RunState.STOPPED, RunState.COMPLETED, RunState.FAILED, RunState.CANCELLED)
+        return self.value in _TERMINAL_STATES
 
 
 class Phase(enum.IntEnum):

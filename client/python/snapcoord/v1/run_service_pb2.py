@@ -14,11 +14,12 @@ _sym_db = _symbol_database.Default()
 from buf.validate import validate_pb2 as buf_dot_validate_dot_validate__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 from snapcoord.v1 import event_pb2 as snapcoord_dot_v1_dot_event__pb2
+from snapcoord.v1 import options_pb2 as snapcoord_dot_v1_dot_options__pb2
 from snapcoord.v1 import run_pb2 as snapcoord_dot_v1_dot_run__pb2
 from snapcoord.v1 import worker_pb2 as snapcoord_dot_v1_dot_worker__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1esnapcoord/v1/run_service.proto\x12\x0csnapcoord.v1\x1a\x1b\x62uf/validate/validate.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18snapcoord/v1/event.proto\x1a\x16snapcoord/v1/run.proto\x1a\x19snapcoord/v1/worker.proto\"t\n\x10\x43reateRunRequest\x12\x33\n\x06run_id\x18\x01 \x01(\tB#\xbaH r\x1e\x32\x1c^[a-z0-9][a-z0-9._-]{0,127}$\x12+\n\x04spec\x18\x02 \x01(\x0b\x32\x15.snapcoord.v1.RunSpecB\x06\xbaH\x03\xc8\x01\x01\"^\n\x11\x43reateRunResponse\x12\x1e\n\x03run\x18\x01 \x01(\x0b\x32\x11.snapcoord.v1.Run\x12\x11\n\trun_token\x18\x02 \x01(\t\x12\x16\n\x0etoken_reissued\x18\x03 \x01(\x08\"D\n\rGetRunRequest\x12\x33\n\x06run_id\x18\x01 \x01(\tB#\xbaH r\x1e\x32\x1c^[a-z0-9][a-z0-9._-]{0,127}$\"0\n\x0eGetRunResponse\x12\x1e\n\x03run\x18\x01 \x01(\x0b\x32\x11.snapcoord.v1.Run\"\x7f\n\x0fListRunsRequest\x12\x1d\n\tpage_size\x18\x01 \x01(\x05\x42\n\xbaH\x07\x1a\x05\x18\xe8\x07(\x00\x12\x1c\n\npage_token\x18\x02 \x01(\tB\x08\xbaH\x05r\x03\x18\x80\x02\x12/\n\x05state\x18\x03 \x01(\x0e\x32\x16.snapcoord.v1.RunStateB\x08\xbaH\x05\x82\x01\x02\x10\x01\"L\n\x10ListRunsResponse\x12\x1f\n\x04runs\x18\x01 \x03(\x0b\x32\x11.snapcoord.v1.Run\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\xa8\x01\n\x15UpdateDeadlineRequest\x12\x33\n\x06run_id\x18\x01 \x01(\tB#\xbaH r\x1e\x32\x1c^[a-z0-9][a-z0-9._-]{0,127}$\x12(\n\x17\x63heckpoint_must_save_by\x18\x02 \x01(\tB\x07\xbaH\x04r\x02\x18 \x12\x30\n\x0cmust_save_by\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"8\n\x16UpdateDeadlineResponse\x12\x1e\n\x03run\x18\x01 \x01(\x0b\x32\x11.snapcoord.v1.Run\"g\n\x16TriggerDeadlineRequest\x12\x33\n\x06run_id\x18\x01 \x01(\tB#\xbaH r\x1e\x32\x1c^[a-z0-9][a-z0-9._-]{0,127}$\x12\x18\n\x06reason\x18\x02 \x01(\tB\x08\xbaH\x05r\x03(\x80\x08\"9\n\x17TriggerDeadlineResponse\x12\x1e\n\x03run\x18\x01 \x01(\x0b\x32\x11.snapcoord.v1.Run\"a\n\x10\x43\x61ncelRunRequest\x12\x33\n\x06run_id\x18\x01 \x01(\tB#\xbaH r\x1e\x32\x1c^[a-z0-9][a-z0-9._-]{0,127}$\x12\x18\n\x06reason\x18\x02 \x01(\tB\x08\xbaH\x05r\x03(\x80\x08\"3\n\x11\x43\x61ncelRunResponse\x12\x1e\n\x03run\x18\x01 \x01(\x0b\x32\x11.snapcoord.v1.Run\"u\n\x0fWatchRunRequest\x12\x33\n\x06run_id\x18\x01 \x01(\tB#\xbaH r\x1e\x32\x1c^[a-z0-9][a-z0-9._-]{0,127}$\x12\x1a\n\tafter_seq\x18\x02 \x01(\x03\x42\x07\xbaH\x04\"\x02(\x00\x12\x11\n\tno_follow\x18\x03 \x01(\x08\"9\n\x10WatchRunResponse\x12%\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x16.snapcoord.v1.RunEvent\"\x86\x01\n\x12ListWorkersRequest\x12\x33\n\x06run_id\x18\x01 \x01(\tB#\xbaH r\x1e\x32\x1c^[a-z0-9][a-z0-9._-]{0,127}$\x12\x1d\n\tpage_size\x18\x02 \x01(\x05\x42\n\xbaH\x07\x1a\x05\x18\xe8\x07(\x00\x12\x1c\n\npage_token\x18\x03 \x01(\tB\x08\xbaH\x05r\x03\x18\x80\x02\"U\n\x13ListWorkersResponse\x12%\n\x07workers\x18\x01 \x03(\x0b\x32\x14.snapcoord.v1.Worker\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x88\x01\n\x14ListSnapshotsRequest\x12\x33\n\x06run_id\x18\x01 \x01(\tB#\xbaH r\x1e\x32\x1c^[a-z0-9][a-z0-9._-]{0,127}$\x12\x1d\n\tpage_size\x18\x02 \x01(\x05\x42\n\xbaH\x07\x1a\x05\x18\xe8\x07(\x00\x12\x1c\n\npage_token\x18\x03 \x01(\tB\x08\xbaH\x05r\x03\x18\x80\x02\"[\n\x15ListSnapshotsResponse\x12)\n\tsnapshots\x18\x01 \x03(\x0b\x32\x16.snapcoord.v1.Snapshot\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"g\n\x16ReissueRunTokenRequest\x12\x33\n\x06run_id\x18\x01 \x01(\tB#\xbaH r\x1e\x32\x1c^[a-z0-9][a-z0-9._-]{0,127}$\x12\x18\n\x06reason\x18\x02 \x01(\tB\x08\xbaH\x05r\x03(\x80\x08\"L\n\x17ReissueRunTokenResponse\x12\x1e\n\x03run\x18\x01 \x01(\x0b\x32\x11.snapcoord.v1.Run\x12\x11\n\trun_token\x18\x02 \x01(\t2\xd0\x06\n\nRunService\x12L\n\tCreateRun\x12\x1e.snapcoord.v1.CreateRunRequest\x1a\x1f.snapcoord.v1.CreateRunResponse\x12\x43\n\x06GetRun\x12\x1b.snapcoord.v1.GetRunRequest\x1a\x1c.snapcoord.v1.GetRunResponse\x12I\n\x08ListRuns\x12\x1d.snapcoord.v1.ListRunsRequest\x1a\x1e.snapcoord.v1.ListRunsResponse\x12[\n\x0eUpdateDeadline\x12#.snapcoord.v1.UpdateDeadlineRequest\x1a$.snapcoord.v1.UpdateDeadlineResponse\x12^\n\x0fTriggerDeadline\x12$.snapcoord.v1.TriggerDeadlineRequest\x1a%.snapcoord.v1.TriggerDeadlineResponse\x12L\n\tCancelRun\x12\x1e.snapcoord.v1.CancelRunRequest\x1a\x1f.snapcoord.v1.CancelRunResponse\x12K\n\x08WatchRun\x12\x1d.snapcoord.v1.WatchRunRequest\x1a\x1e.snapcoord.v1.WatchRunResponse0\x01\x12R\n\x0bListWorkers\x12 .snapcoord.v1.ListWorkersRequest\x1a!.snapcoord.v1.ListWorkersResponse\x12X\n\rListSnapshots\x12\".snapcoord.v1.ListSnapshotsRequest\x1a#.snapcoord.v1.ListSnapshotsResponse\x12^\n\x0fReissueRunToken\x12$.snapcoord.v1.ReissueRunTokenRequest\x1a%.snapcoord.v1.ReissueRunTokenResponseB=Z;github.com/snapcoord/snapcoord/api/snapcoord/v1;snapcoordv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1esnapcoord/v1/run_service.proto\x12\x0csnapcoord.v1\x1a\x1b\x62uf/validate/validate.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18snapcoord/v1/event.proto\x1a\x1asnapcoord/v1/options.proto\x1a\x16snapcoord/v1/run.proto\x1a\x19snapcoord/v1/worker.proto\"t\n\x10\x43reateRunRequest\x12\x33\n\x06run_id\x18\x01 \x01(\tB#\xbaH r\x1e\x32\x1c^[a-z0-9][a-z0-9._-]{0,127}$\x12+\n\x04spec\x18\x02 \x01(\x0b\x32\x15.snapcoord.v1.RunSpecB\x06\xbaH\x03\xc8\x01\x01\"^\n\x11\x43reateRunResponse\x12\x1e\n\x03run\x18\x01 \x01(\x0b\x32\x11.snapcoord.v1.Run\x12\x11\n\trun_token\x18\x02 \x01(\t\x12\x16\n\x0etoken_reissued\x18\x03 \x01(\x08\"D\n\rGetRunRequest\x12\x33\n\x06run_id\x18\x01 \x01(\tB#\xbaH r\x1e\x32\x1c^[a-z0-9][a-z0-9._-]{0,127}$\"0\n\x0eGetRunResponse\x12\x1e\n\x03run\x18\x01 \x01(\x0b\x32\x11.snapcoord.v1.Run\"\x7f\n\x0fListRunsRequest\x12\x1d\n\tpage_size\x18\x01 \x01(\x05\x42\n\xbaH\x07\x1a\x05\x18\xe8\x07(\x00\x12\x1c\n\npage_token\x18\x02 \x01(\tB\x08\xbaH\x05r\x03\x18\x80\x02\x12/\n\x05state\x18\x03 \x01(\x0e\x32\x16.snapcoord.v1.RunStateB\x08\xbaH\x05\x82\x01\x02\x10\x01\"L\n\x10ListRunsResponse\x12\x1f\n\x04runs\x18\x01 \x03(\x0b\x32\x11.snapcoord.v1.Run\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\xa8\x01\n\x15UpdateDeadlineRequest\x12\x33\n\x06run_id\x18\x01 \x01(\tB#\xbaH r\x1e\x32\x1c^[a-z0-9][a-z0-9._-]{0,127}$\x12(\n\x17\x63heckpoint_must_save_by\x18\x02 \x01(\tB\x07\xbaH\x04r\x02\x18 \x12\x30\n\x0cmust_save_by\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"8\n\x16UpdateDeadlineResponse\x12\x1e\n\x03run\x18\x01 \x01(\x0b\x32\x11.snapcoord.v1.Run\"g\n\x16TriggerDeadlineRequest\x12\x33\n\x06run_id\x18\x01 \x01(\tB#\xbaH r\x1e\x32\x1c^[a-z0-9][a-z0-9._-]{0,127}$\x12\x18\n\x06reason\x18\x02 \x01(\tB\x08\xbaH\x05r\x03(\x80\x08\"9\n\x17TriggerDeadlineResponse\x12\x1e\n\x03run\x18\x01 \x01(\x0b\x32\x11.snapcoord.v1.Run\"a\n\x10\x43\x61ncelRunRequest\x12\x33\n\x06run_id\x18\x01 \x01(\tB#\xbaH r\x1e\x32\x1c^[a-z0-9][a-z0-9._-]{0,127}$\x12\x18\n\x06reason\x18\x02 \x01(\tB\x08\xbaH\x05r\x03(\x80\x08\"3\n\x11\x43\x61ncelRunResponse\x12\x1e\n\x03run\x18\x01 \x01(\x0b\x32\x11.snapcoord.v1.Run\"u\n\x0fWatchRunRequest\x12\x33\n\x06run_id\x18\x01 \x01(\tB#\xbaH r\x1e\x32\x1c^[a-z0-9][a-z0-9._-]{0,127}$\x12\x1a\n\tafter_seq\x18\x02 \x01(\x03\x42\x07\xbaH\x04\"\x02(\x00\x12\x11\n\tno_follow\x18\x03 \x01(\x08\"9\n\x10WatchRunResponse\x12%\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x16.snapcoord.v1.RunEvent\"\x86\x01\n\x12ListWorkersRequest\x12\x33\n\x06run_id\x18\x01 \x01(\tB#\xbaH r\x1e\x32\x1c^[a-z0-9][a-z0-9._-]{0,127}$\x12\x1d\n\tpage_size\x18\x02 \x01(\x05\x42\n\xbaH\x07\x1a\x05\x18\xe8\x07(\x00\x12\x1c\n\npage_token\x18\x03 \x01(\tB\x08\xbaH\x05r\x03\x18\x80\x02\"U\n\x13ListWorkersResponse\x12%\n\x07workers\x18\x01 \x03(\x0b\x32\x14.snapcoord.v1.Worker\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x88\x01\n\x14ListSnapshotsRequest\x12\x33\n\x06run_id\x18\x01 \x01(\tB#\xbaH r\x1e\x32\x1c^[a-z0-9][a-z0-9._-]{0,127}$\x12\x1d\n\tpage_size\x18\x02 \x01(\x05\x42\n\xbaH\x07\x1a\x05\x18\xe8\x07(\x00\x12\x1c\n\npage_token\x18\x03 \x01(\tB\x08\xbaH\x05r\x03\x18\x80\x02\"[\n\x15ListSnapshotsResponse\x12)\n\tsnapshots\x18\x01 \x03(\x0b\x32\x16.snapcoord.v1.Snapshot\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"g\n\x16ReissueRunTokenRequest\x12\x33\n\x06run_id\x18\x01 \x01(\tB#\xbaH r\x1e\x32\x1c^[a-z0-9][a-z0-9._-]{0,127}$\x12\x18\n\x06reason\x18\x02 \x01(\tB\x08\xbaH\x05r\x03(\x80\x08\"L\n\x17ReissueRunTokenResponse\x12\x1e\n\x03run\x18\x01 \x01(\x0b\x32\x11.snapcoord.v1.Run\x12\x11\n\trun_token\x18\x02 \x01(\t2\xb0\x07\n\nRunService\x12V\n\tCreateRun\x12\x1e.snapcoord.v1.CreateRunRequest\x1a\x1f.snapcoord.v1.CreateRunResponse\"\x08\x82\x99\x19\x04\x08\x01 \x01\x12M\n\x06GetRun\x12\x1b.snapcoord.v1.GetRunRequest\x1a\x1c.snapcoord.v1.GetRunResponse\"\x08\x82\x99\x19\x04\x08\x01 \x01\x12S\n\x08ListRuns\x12\x1d.snapcoord.v1.ListRunsRequest\x1a\x1e.snapcoord.v1.ListRunsResponse\"\x08\x82\x99\x19\x04\x08\x01 \x01\x12\x65\n\x0eUpdateDeadline\x12#.snapcoord.v1.UpdateDeadlineRequest\x1a$.snapcoord.v1.UpdateDeadlineResponse\"\x08\x82\x99\x19\x04\x08\x01 \x01\x12\x66\n\x0fTriggerDeadline\x12$.snapcoord.v1.TriggerDeadlineRequest\x1a%.snapcoord.v1.TriggerDeadlineResponse\"\x06\x82\x99\x19\x02 \x01\x12V\n\tCancelRun\x12\x1e.snapcoord.v1.CancelRunRequest\x1a\x1f.snapcoord.v1.CancelRunResponse\"\x08\x82\x99\x19\x04\x08\x01 \x01\x12U\n\x08WatchRun\x12\x1d.snapcoord.v1.WatchRunRequest\x1a\x1e.snapcoord.v1.WatchRunResponse\"\x08\x82\x99\x19\x04\x10\x01 \x01\x30\x01\x12\\\n\x0bListWorkers\x12 .snapcoord.v1.ListWorkersRequest\x1a!.snapcoord.v1.ListWorkersResponse\"\x08\x82\x99\x19\x04\x08\x01 \x01\x12\x62\n\rListSnapshots\x12\".snapcoord.v1.ListSnapshotsRequest\x1a#.snapcoord.v1.ListSnapshotsResponse\"\x08\x82\x99\x19\x04\x08\x01 \x01\x12\x66\n\x0fReissueRunToken\x12$.snapcoord.v1.ReissueRunTokenRequest\x1a%.snapcoord.v1.ReissueRunTokenResponse\"\x06\x82\x99\x19\x02 \x01\x42=Z;github.com/snapcoord/snapcoord/api/snapcoord/v1;snapcoordv1b\x06proto3')
 
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, globals())
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'snapcoord.v1.run_service_pb2', globals())
@@ -70,46 +71,66 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   _REISSUERUNTOKENREQUEST.fields_by_name['run_id']._serialized_options = b'\272H r\0362\034^[a-z0-9][a-z0-9._-]{0,127}$'
   _REISSUERUNTOKENREQUEST.fields_by_name['reason']._options = None
   _REISSUERUNTOKENREQUEST.fields_by_name['reason']._serialized_options = b'\272H\005r\003(\200\010'
-  _CREATERUNREQUEST._serialized_start=187
-  _CREATERUNREQUEST._serialized_end=303
-  _CREATERUNRESPONSE._serialized_start=305
-  _CREATERUNRESPONSE._serialized_end=399
-  _GETRUNREQUEST._serialized_start=401
-  _GETRUNREQUEST._serialized_end=469
-  _GETRUNRESPONSE._serialized_start=471
-  _GETRUNRESPONSE._serialized_end=519
-  _LISTRUNSREQUEST._serialized_start=521
-  _LISTRUNSREQUEST._serialized_end=648
-  _LISTRUNSRESPONSE._serialized_start=650
-  _LISTRUNSRESPONSE._serialized_end=726
-  _UPDATEDEADLINEREQUEST._serialized_start=729
-  _UPDATEDEADLINEREQUEST._serialized_end=897
-  _UPDATEDEADLINERESPONSE._serialized_start=899
-  _UPDATEDEADLINERESPONSE._serialized_end=955
-  _TRIGGERDEADLINEREQUEST._serialized_start=957
-  _TRIGGERDEADLINEREQUEST._serialized_end=1060
-  _TRIGGERDEADLINERESPONSE._serialized_start=1062
-  _TRIGGERDEADLINERESPONSE._serialized_end=1119
-  _CANCELRUNREQUEST._serialized_start=1121
-  _CANCELRUNREQUEST._serialized_end=1218
-  _CANCELRUNRESPONSE._serialized_start=1220
-  _CANCELRUNRESPONSE._serialized_end=1271
-  _WATCHRUNREQUEST._serialized_start=1273
-  _WATCHRUNREQUEST._serialized_end=1390
-  _WATCHRUNRESPONSE._serialized_start=1392
-  _WATCHRUNRESPONSE._serialized_end=1449
-  _LISTWORKERSREQUEST._serialized_start=1452
-  _LISTWORKERSREQUEST._serialized_end=1586
-  _LISTWORKERSRESPONSE._serialized_start=1588
-  _LISTWORKERSRESPONSE._serialized_end=1673
-  _LISTSNAPSHOTSREQUEST._serialized_start=1676
-  _LISTSNAPSHOTSREQUEST._serialized_end=1812
-  _LISTSNAPSHOTSRESPONSE._serialized_start=1814
-  _LISTSNAPSHOTSRESPONSE._serialized_end=1905
-  _REISSUERUNTOKENREQUEST._serialized_start=1907
-  _REISSUERUNTOKENREQUEST._serialized_end=2010
-  _REISSUERUNTOKENRESPONSE._serialized_start=2012
-  _REISSUERUNTOKENRESPONSE._serialized_end=2088
-  _RUNSERVICE._serialized_start=2091
-  _RUNSERVICE._serialized_end=2939
+  _RUNSERVICE.methods_by_name['CreateRun']._options = None
+  _RUNSERVICE.methods_by_name['CreateRun']._serialized_options = b'\202\231\031\004\010\001 \001'
+  _RUNSERVICE.methods_by_name['GetRun']._options = None
+  _RUNSERVICE.methods_by_name['GetRun']._serialized_options = b'\202\231\031\004\010\001 \001'
+  _RUNSERVICE.methods_by_name['ListRuns']._options = None
+  _RUNSERVICE.methods_by_name['ListRuns']._serialized_options = b'\202\231\031\004\010\001 \001'
+  _RUNSERVICE.methods_by_name['UpdateDeadline']._options = None
+  _RUNSERVICE.methods_by_name['UpdateDeadline']._serialized_options = b'\202\231\031\004\010\001 \001'
+  _RUNSERVICE.methods_by_name['TriggerDeadline']._options = None
+  _RUNSERVICE.methods_by_name['TriggerDeadline']._serialized_options = b'\202\231\031\002 \001'
+  _RUNSERVICE.methods_by_name['CancelRun']._options = None
+  _RUNSERVICE.methods_by_name['CancelRun']._serialized_options = b'\202\231\031\004\010\001 \001'
+  _RUNSERVICE.methods_by_name['WatchRun']._options = None
+  _RUNSERVICE.methods_by_name['WatchRun']._serialized_options = b'\202\231\031\004\020\001 \001'
+  _RUNSERVICE.methods_by_name['ListWorkers']._options = None
+  _RUNSERVICE.methods_by_name['ListWorkers']._serialized_options = b'\202\231\031\004\010\001 \001'
+  _RUNSERVICE.methods_by_name['ListSnapshots']._options = None
+  _RUNSERVICE.methods_by_name['ListSnapshots']._serialized_options = b'\202\231\031\004\010\001 \001'
+  _RUNSERVICE.methods_by_name['ReissueRunToken']._options = None
+  _RUNSERVICE.methods_by_name['ReissueRunToken']._serialized_options = b'\202\231\031\002 \001'
+  _CREATERUNREQUEST._serialized_start=215
+  _CREATERUNREQUEST._serialized_end=331
+  _CREATERUNRESPONSE._serialized_start=333
+  _CREATERUNRESPONSE._serialized_end=427
+  _GETRUNREQUEST._serialized_start=429
+  _GETRUNREQUEST._serialized_end=497
+  _GETRUNRESPONSE._serialized_start=499
+  _GETRUNRESPONSE._serialized_end=547
+  _LISTRUNSREQUEST._serialized_start=549
+  _LISTRUNSREQUEST._serialized_end=676
+  _LISTRUNSRESPONSE._serialized_start=678
+  _LISTRUNSRESPONSE._serialized_end=754
+  _UPDATEDEADLINEREQUEST._serialized_start=757
+  _UPDATEDEADLINEREQUEST._serialized_end=925
+  _UPDATEDEADLINERESPONSE._serialized_start=927
+  _UPDATEDEADLINERESPONSE._serialized_end=983
+  _TRIGGERDEADLINEREQUEST._serialized_start=985
+  _TRIGGERDEADLINEREQUEST._serialized_end=1088
+  _TRIGGERDEADLINERESPONSE._serialized_start=1090
+  _TRIGGERDEADLINERESPONSE._serialized_end=1147
+  _CANCELRUNREQUEST._serialized_start=1149
+  _CANCELRUNREQUEST._serialized_end=1246
+  _CANCELRUNRESPONSE._serialized_start=1248
+  _CANCELRUNRESPONSE._serialized_end=1299
+  _WATCHRUNREQUEST._serialized_start=1301
+  _WATCHRUNREQUEST._serialized_end=1418
+  _WATCHRUNRESPONSE._serialized_start=1420
+  _WATCHRUNRESPONSE._serialized_end=1477
+  _LISTWORKERSREQUEST._serialized_start=1480
+  _LISTWORKERSREQUEST._serialized_end=1614
+  _LISTWORKERSRESPONSE._serialized_start=1616
+  _LISTWORKERSRESPONSE._serialized_end=1701
+  _LISTSNAPSHOTSREQUEST._serialized_start=1704
+  _LISTSNAPSHOTSREQUEST._serialized_end=1840
+  _LISTSNAPSHOTSRESPONSE._serialized_start=1842
+  _LISTSNAPSHOTSRESPONSE._serialized_end=1933
+  _REISSUERUNTOKENREQUEST._serialized_start=1935
+  _REISSUERUNTOKENREQUEST._serialized_end=2038
+  _REISSUERUNTOKENRESPONSE._serialized_start=2040
+  _REISSUERUNTOKENRESPONSE._serialized_end=2116
+  _RUNSERVICE._serialized_start=2119
+  _RUNSERVICE._serialized_end=3063
 # @@protoc_insertion_point(module_scope)

@@ -30,7 +30,7 @@ func TestServeHelpListsFlagsWithEnv(t *testing.T) {
 		}
 	}
 	if m := oneDashFlag.FindString(stdout.String()); m != "" {
-		t.Errorf("help shows a flag with one dash (%q), where the README writes two:\n%s", m, stdout.String())
+		t.Errorf("help shows a flag with one dash (%q), where docs/operations.md writes two:\n%s", m, stdout.String())
 	}
 }
 

@@ -165,7 +165,7 @@ func TestVersion(t *testing.T) {
 // "--budget", "-o" or "slurm-10m".
 var oneDashFlag = regexp.MustCompile(`(^|[\s(\[,'"])-[a-z][a-z-]+`)
 
-// Help and errors write every flag with two dashes, as the README does.
+// Help and errors write every flag with two dashes, as docs/snapctl.md does.
 func TestHelpAndErrorsUseTwoDashes(t *testing.T) {
 	s := startServer(t)
 	helps := [][]string{{"help"}, {"--help"}}

@@ -344,7 +344,7 @@ expect "$out" 'STOPPED: deadline save complete' "the events tell the deadline sa
 if /usr/bin/python3 -c 'import grpc, google.protobuf' 2>/dev/null; then
 	say "README quick start: a Python trainer"
 	eval "$(snapctl run create toy --world-size 1 --budget 20s --checkpoint-every 5)"
-	out=$(SNAPCOORD_PLAINTEXT=true PYTHONPATH=client/python \
+	out=$(PYTHONPATH=client/python \
   /usr/bin/python3 client/python/examples/toy_grpo.py --checkpoint-dir "$work/ckpt" 2>&1) ||
 		fail "toy_grpo.py exited $?: $(tail -n 5 <<<"$out")"
 	show "$(tail -n 3 <<<"$out")"

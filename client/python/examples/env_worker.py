@@ -2,7 +2,7 @@
 """An environment worker in Python, without the sidecar: it holds unfinished
 multi-turn episodes and snapshots them whenever the coordinator asks.
 
-    SNAPCOORD_PLAINTEXT=true SNAPCOORD_RUN_ID=grpo-7b-0042 SNAPCOORD_RUN_TOKEN=... \\
+    SNAPCOORD_RUN_ID=grpo-7b-0042 SNAPCOORD_RUN_TOKEN=... \\
         python3 env_worker.py --name "$(hostname)-env0" --snapshot-dir snapshots
 
 Each snapshot goes to SNAPSHOT_DIR/<snapshot id>/<name>.json, written

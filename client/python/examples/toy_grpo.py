@@ -4,10 +4,10 @@ every step whether to go on, and saves its checkpoint when told.
 
 One process per trainer rank. The coordinator and the run come from the
 SNAPCOORD_* variables (SNAPCOORD_ADDR, SNAPCOORD_RUN_ID, SNAPCOORD_RUN_TOKEN,
-SNAPCOORD_PLAINTEXT or the TLS files), the rank from --rank or RANK /
-SLURM_PROCID:
+SNAPCOORD_PLAINTEXT or the TLS files; plaintext by default on loopback),
+the rank from --rank or RANK / SLURM_PROCID:
 
-    SNAPCOORD_PLAINTEXT=true SNAPCOORD_RUN_ID=grpo-7b-0042 SNAPCOORD_RUN_TOKEN=... \\
+    SNAPCOORD_RUN_ID=grpo-7b-0042 SNAPCOORD_RUN_TOKEN=... \\
         python3 toy_grpo.py --rank 0 --checkpoint-dir ckpt
 
 It exits 0 once the run has stopped (after the deadline save, or after

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import ipaddress
 import os
 import re
 import time
@@ -252,8 +253,10 @@ def connect(
     ============================  =================================================
 
     As with snapctl, the connection is TLS (system roots unless a CA file is
-    given) unless plaintext is asked for; plaintext suits a coordinator on
-    loopback only, since tokens then travel in the clear. ``timeout`` bounds
+    given) unless plaintext is asked for, or, told neither way, the address
+    is on loopback (127.0.0.0/8, ::1, localhost) and no TLS file or server
+    name is given; plaintext suits a coordinator on loopback only, since
+    tokens then travel in the clear. ``timeout`` bounds
     each call together with its retries (None: no bound). ``options`` are
     extra gRPC channel options.
     """
@@ -270,8 +273,13 @@ def connect(
             key_file=env.get("SNAPCOORD_KEY_FILE") or None,
             server_name=env.get("SNAPCOORD_SERVER_NAME") or None,
         )
+    if plaintext is None and env.get("SNAPCOORD_PLAINTEXT", ""):
+        plaintext = _parse_bool("SNAPCOORD_PLAINTEXT", env["SNAPCOORD_PLAINTEXT"])
     if plaintext is None:
-        plaintext = _parse_bool("SNAPCOORD_PLAINTEXT", env.get("SNAPCOORD_PLAINTEXT", ""))
+        # Told neither way, as snapctl: plaintext to a loopback address
+        # (where `snapcoord serve` listens by default) unless TLS files are
+        # given, TLS to any other address.
+        plaintext = tls == TLS() and is_loopback(addr)
     if timeout is None and env.get("SNAPCOORD_TIMEOUT"):
         timeout = parse_duration("SNAPCOORD_TIMEOUT", env["SNAPCOORD_TIMEOUT"])
     opts = list(_CHANNEL_OPTIONS) + list(options)
@@ -284,6 +292,25 @@ def connect(
             opts.append(("grpc.ssl_target_name_override", tls.server_name))
         channel = grpc.secure_channel(addr, _credentials(tls), options=opts)
     return Client(channel, admin_token=admin, run_token=run, run_id=run_id or env.get("SNAPCOORD_RUN_ID", ""), timeout=timeout, retry=retry)
+
+
+def is_loopback(addr: str) -> bool:
+    """Whether ``addr`` ("host:port") is on a loopback address: 127.0.0.0/8,
+    ::1 or localhost, as snapctl decides it. No port, an empty host or any
+    other name is not."""
+    host, sep, port = addr.rpartition(":")
+    if not sep or not host or not port:
+        return False
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        return False  # an IPv6 address needs brackets before a port
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.split("%", 1)[0]).is_loopback
+    except ValueError:
+        return False
 
 
 def _credentials(tls: TLS) -> grpc.ChannelCredentials:

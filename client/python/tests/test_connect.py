@@ -15,7 +15,7 @@ from conftest import Coordinator, run_spec
 import snapcoord
 from snapcoord._retry import RETRIED_METHODS, RetryPolicy
 from snapcoord._worker import poll_wait_seconds
-from snapcoord.client import _Details, _Retry, parse_duration, read_token_file
+from snapcoord.client import _Details, _Retry, is_loopback, parse_duration, read_token_file
 
 ADMIN_TOKEN = "admin-token-0123456789abcdef"
 
@@ -98,6 +98,24 @@ def test_environment_rules(tmp_path: pathlib.Path) -> None:
     with pytest.raises(ValueError):
         parse_duration("SNAPCOORD_TIMEOUT", "30 seconds")
     assert [poll_wait_seconds(w) for w in (0, 0.2, 1.5, 30, 99999)] == [30, 1, 2, 30, 3600]
+
+
+def test_plaintext_by_default_on_loopback_only(coordinator: Coordinator) -> None:
+    """Told neither way, connect() talks plaintext to a loopback address, as
+    snapctl does and where `make run`'s coordinator listens, and TLS to any
+    other; TLS settings or SNAPCOORD_PLAINTEXT=false ask for TLS."""
+    with snapcoord.connect(coordinator.addr, timeout=10.0, env={}) as c:
+        with pytest.raises(snapcoord.NotFoundError):  # an answer: the channel works
+            c.get_run("no-such-run")
+    with snapcoord.connect(coordinator.addr, timeout=2.0, env={"SNAPCOORD_PLAINTEXT": "false"}) as c:
+        with pytest.raises(snapcoord.UnavailableError):  # a TLS handshake with a plaintext server
+            c.get_run("no-such-run")
+    for addr, want in {
+        "127.0.0.1:7070": True, "127.9.9.9:1": True, "[::1]:7070": True, "localhost:7070": True, "LOCALHOST:1": True,
+        "0.0.0.0:7070": False, ":7070": False, "[::]:7070": False, "10.0.0.1:7070": False,
+        "coordinator.example:7070": False, "127.0.0.1": False, "::1": False, "dns:///localhost:7070": False,
+    }.items():  # fmt: skip
+        assert is_loopback(addr) == want, addr
 
 
 class FakeCall:

@@ -70,7 +70,7 @@ type RunRecord struct {
 	// The expected-loss policy's bounded histories (deadline.History), oldest
 	// first: the latest iterations (per step, the max over ranks), trainer
 	// checkpoints (per step, the slowest rank) and SAVED snapshot durations.
-	// Kept for every run, whatever its policy.
+	// Kept only for runs under that policy (reserve.policy EXPECTED_LOSS).
 	RecentIterationSeconds  []float64 `protobuf:"fixed64,18,rep,packed,name=recent_iteration_seconds,json=recentIterationSeconds,proto3" json:"recent_iteration_seconds,omitempty"`
 	RecentCheckpointSeconds []float64 `protobuf:"fixed64,19,rep,packed,name=recent_checkpoint_seconds,json=recentCheckpointSeconds,proto3" json:"recent_checkpoint_seconds,omitempty"`
 	RecentSnapshotSeconds   []float64 `protobuf:"fixed64,20,rep,packed,name=recent_snapshot_seconds,json=recentSnapshotSeconds,proto3" json:"recent_snapshot_seconds,omitempty"`

@@ -7,4 +7,4 @@
 # happens when one is missing.
 set -euo pipefail
 ENSURE_DEBS_FOR=deps-python.sh exec "$(dirname "${BASH_SOURCE[0]}")/ensure-debs.sh" \
-	python3-grpcio python3-protobuf python3-pytest protobuf-compiler protobuf-compiler-grpc
+	python3-grpcio python3-protobuf python3-pytest python3-venv python3-pip protobuf-compiler protobuf-compiler-grpc

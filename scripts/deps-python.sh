@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # deps-python.sh: make sure the Debian packages of the Python client are
 # installed: its runtime and tests (python3-grpcio, python3-protobuf,
-# python3-pytest, for /usr/bin/python3) and its code generator (protoc and
+# python3-pytest, and python3-venv with python3-pip to test `pip install`, for
+# /usr/bin/python3) and its code generator (protoc and
 # grpc_python_plugin). These machines reach no Python package index, so
 # Debian's packages are the only source. See ensure-debs.sh for what
 # happens when one is missing.

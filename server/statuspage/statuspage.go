@@ -218,6 +218,10 @@ func summarize(run *v1.Run, now time.Time) runSummary {
 	s.StateClass = "state-" + s.State
 	if b := d.GetMustSaveBy(); b != nil {
 		s.B, s.UntilB = b.AsTime().UTC().Format(timeLayout), until(b.AsTime().Sub(now))
+		if e := run.GetEndedAt(); e != nil {
+			// No countdown once the run is over: how its end stood to B.
+			s.UntilB = endedRelativeTo(e.AsTime(), b.AsTime())
+		}
 	}
 	if f := d.GetFiresAt(); f != nil && run.GetFiredAt() == nil {
 		s.Fire, s.UntilFires = f.AsTime().UTC().Format(timeLayout), until(f.AsTime().Sub(now))
@@ -235,6 +239,14 @@ func summarize(run *v1.Run, now time.Time) runSummary {
 		s.Ended = e.AsTime().UTC().Format(timeLayout)
 	}
 	return s
+}
+
+// endedRelativeTo: "ended 3s before B" or "ended 1m2s after B".
+func endedRelativeTo(ended, b time.Time) string {
+	if ended.After(b) {
+		return "ended " + ended.Sub(b).Round(time.Second).String() + " after B"
+	}
+	return "ended " + b.Sub(ended).Round(time.Second).String() + " before B"
 }
 
 // until says how far away a moment is: "in 1h2m3s" or "4m5s ago".

@@ -338,10 +338,14 @@ func TestTimelineOfARunThroughItsDeadline(t *testing.T) {
 	if _, ok := svg.byID("line-now"); ok {
 		t.Error("a stopped run's timeline still has a now line")
 	}
-	for _, want := range []string{"stopped", `http-equiv="refresh"`, "Latest decisions", "save-and-stop"} {
+	for _, want := range []string{"stopped", `http-equiv="refresh"`, "Latest decisions", "save-and-stop", "before B)"} {
 		if !strings.Contains(page, want) {
 			t.Errorf("the page lacks %q", want)
 		}
+	}
+	// An ended run has no countdown to B, in its page or in the list.
+	if index := w.admin("/"); strings.Contains(page, "(in ") || !strings.Contains(index, "ended ") || !strings.Contains(index, " before B") {
+		t.Errorf("a stopped run still counts down to B, or does not say how its end stood to B:\n%s", index)
 	}
 }
 

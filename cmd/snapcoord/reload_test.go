@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
-	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -55,17 +54,16 @@ func tlsCreds(t *testing.T, roots *x509.CertPool, client testpki.Leaf) credentia
 	return credentials.NewTLS(&tls.Config{RootCAs: roots, Certificates: []tls.Certificate{client.TLS}, MinVersion: tls.VersionTLS12})
 }
 
-// eventually retries f until it succeeds: the reload happens at the
-// coordinator's next check of the files, which the test cannot see.
-func eventually(t *testing.T, what string, f func() error) {
+// reloaded waits for the coordinator to log msg (with attribute "what",
+// when not empty) after next was asked for: the reload happens at its next
+// check of the files, which only its log reports.
+func reloaded(t *testing.T, what string, next <-chan struct{}) {
 	t.Helper()
-	var err error
-	for end := time.Now().Add(15 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
-		if err = f(); err == nil {
-			return
-		}
+	select {
+	case <-next:
+	case <-time.After(15 * time.Second): // a hang guard, not a wait
+		t.Fatalf("%s: the coordinator never logged it", what)
 	}
-	t.Fatalf("%s: still failing: %v", what, err)
 }
 
 // Rotating the server certificate and key, the client CA and the admin
@@ -121,18 +119,18 @@ func TestRotateCredentialsWhileAWorkerStreams(t *testing.T) {
 	// so for a moment the pair does not match and the old one must stay.
 	serverCA2 := testpki.NewCA(t, dir, "server-ca-2")
 	server2 := serverCA2.Issue(t, dir, "server-2", x509.ExtKeyUsageServerAuth)
+	refused := c.logs.Next("TLS files not reloaded; the previous certificate, key and client CA stay in use", "")
 	install(t, server2.KeyFile, keyFile)
-	eventually(t, "the mismatched pair refused", func() error {
-		if !strings.Contains(c.logs.String(), "TLS files not reloaded") {
-			return errors.New("no error logged yet")
-		}
-		return nil
-	})
+	reloaded(t, "the mismatched pair refused", refused)
 	if err := health(tlsCreds(t, serverCA1.Pool, client1)); err != nil {
 		t.Fatalf("with a key that does not match the certificate, the old pair must stay: %v", err)
 	}
+	next := c.logs.Next("credentials reloaded", "tls")
 	install(t, server2.CertFile, certFile)
-	eventually(t, "a new connection trusting only the new server CA", func() error { return health(tlsCreds(t, serverCA2.Pool, client1)) })
+	reloaded(t, "the new certificate and key", next)
+	if err := health(tlsCreds(t, serverCA2.Pool, client1)); err != nil {
+		t.Fatalf("a new connection trusting only the new server CA: %v", err)
+	}
 	if err := health(tlsCreds(t, serverCA1.Pool, client1)); status.Code(err) != codes.Unavailable {
 		t.Errorf("a new connection trusting only the old server CA: %v, want a failed handshake", err)
 	}
@@ -141,8 +139,12 @@ func TestRotateCredentialsWhileAWorkerStreams(t *testing.T) {
 	// 2. Client CA: certificates of the new CA get in, the old CA's not.
 	clientCA2 := testpki.NewCA(t, dir, "client-ca-2")
 	client2 := clientCA2.Issue(t, dir, "client-2", x509.ExtKeyUsageClientAuth)
+	next = c.logs.Next("credentials reloaded", "tls")
 	install(t, clientCA2.File, caFile)
-	eventually(t, "a new connection with a client certificate of the new client CA", func() error { return health(tlsCreds(t, serverCA2.Pool, client2)) })
+	reloaded(t, "the new client CA", next)
+	if err := health(tlsCreds(t, serverCA2.Pool, client2)); err != nil {
+		t.Fatalf("a new connection with a client certificate of the new client CA: %v", err)
+	}
 	if err := health(tlsCreds(t, serverCA2.Pool, client1)); status.Code(err) != codes.Unavailable {
 		t.Errorf("a new connection with the old client CA's certificate: %v, want a refused handshake", err)
 	}
@@ -150,11 +152,12 @@ func TestRotateCredentialsWhileAWorkerStreams(t *testing.T) {
 
 	// 3. Admin token, over a new connection with the new material.
 	newConn := v1.NewRunServiceClient(dialWith(t, c.addr, tlsCreds(t, serverCA2.Pool, client2)))
+	next = c.logs.Next("credentials reloaded", "admin_tokens")
 	writeTokens(t, tokenFile, adminToken2)
-	eventually(t, "the new admin token", func() error {
-		_, err := newConn.GetRun(bearer(t.Context(), adminToken2), &v1.GetRunRequest{RunId: "r"})
-		return err
-	})
+	reloaded(t, "the new admin token", next)
+	if _, err := newConn.GetRun(bearer(t.Context(), adminToken2), &v1.GetRunRequest{RunId: "r"}); err != nil {
+		t.Fatalf("GetRun with the new admin token: %v", err)
+	}
 	_, err = newConn.GetRun(bearer(t.Context(), adminToken), &v1.GetRunRequest{RunId: "r"})
 	wantCode(t, "GetRun with the removed admin token", err, codes.Unauthenticated)
 	stillServed("after the token rotation")

@@ -69,8 +69,9 @@ run: build ## Run the coordinator with its defaults (127.0.0.1:7070, data in ./d
 
 # The Debian packages are checked first, so that a machine without them (and
 # no root to install them) stops at once, before any build.
-test: ## Run all tests: Go with the race detector, then the Python client's against bin/snapcoord.
+test: ## Run all tests: Go with the race detector (the etcd store's on a real etcd cluster), then the Python client's against bin/snapcoord.
 	scripts/deps-python.sh
+	scripts/deps-etcd.sh
 	$(MAKE) build
 	$(GO) test -race -count=1 -timeout 15m ./...
 	SNAPCOORD_BIN='$(CURDIR)/bin/snapcoord' PYTHONDONTWRITEBYTECODE=1 \

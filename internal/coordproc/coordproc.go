@@ -354,3 +354,44 @@ func CleanEnv(extra ...string) []string {
 	}
 	return append(env, extra...)
 }
+
+// WatchHealth streams the coordinator's health status for service (its
+// gRPC health Watch) into the returned channel, which is closed when ctx
+// ends or the stream fails (the process died, say). Every status the
+// server sends is delivered, the current one first; a receiver that falls
+// behind holds the stream back, not the coordinator. Several coordinators
+// on one etcd prefix report NOT_SERVING for snapcoord.v1.RunService and
+// snapcoord.v1.WorkerService except on the leader, so watching those shows
+// the moment a follower takes over.
+func (p *Proc) WatchHealth(ctx context.Context, service string) (<-chan healthpb.HealthCheckResponse_ServingStatus, error) {
+	creds := p.cfg.Creds
+	if creds == nil {
+		creds = insecure.NewCredentials()
+	}
+	conn, err := grpc.NewClient(p.Addr, grpc.WithTransportCredentials(creds))
+	if err != nil {
+		return nil, err
+	}
+	stream, err := healthpb.NewHealthClient(conn).Watch(ctx, &healthpb.HealthCheckRequest{Service: service}, grpc.WaitForReady(true))
+	if err != nil {
+		_ = conn.Close()
+		return nil, err
+	}
+	out := make(chan healthpb.HealthCheckResponse_ServingStatus)
+	go func() {
+		defer conn.Close()
+		defer close(out)
+		for {
+			resp, err := stream.Recv()
+			if err != nil {
+				return
+			}
+			select {
+			case out <- resp.GetStatus():
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return out, nil
+}

@@ -50,6 +50,10 @@ type Config struct {
 	// Env is added to this process's environment, from which every
 	// SNAPCOORD_* variable is removed first (see CleanEnv).
 	Env []string
+	// HealthService is the health service Start waits to be SERVING:
+	// default "", the whole server. A coordinator on etcd serves
+	// snapcoord.v1.RunService only once it is the leader.
+	HealthService string
 	// StartTimeout bounds the wait for SERVING; default 60 s.
 	StartTimeout time.Duration
 	// Creds are what the SERVING check connects with when the coordinator
@@ -165,9 +169,10 @@ func (c Config) args() []string {
 	return append(args, c.Args...)
 }
 
-// awaitServing asks the health service until it says SERVING. Each check
-// waits for the connection, which retries every 2 ms, so the first SERVING
-// is seen within a few milliseconds of the process reaching it.
+// awaitServing asks the health service until it says SERVING for
+// Config.HealthService. Each check waits for the connection, which retries
+// every 2 ms, so the first SERVING is seen within a few milliseconds of the
+// process reaching it.
 func (p *Proc) awaitServing(ctx context.Context, conn *grpc.ClientConn) error {
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.StartTimeout)
 	defer cancel()
@@ -182,7 +187,7 @@ func (p *Proc) awaitServing(ctx context.Context, conn *grpc.ClientConn) error {
 	}()
 	health := healthpb.NewHealthClient(conn)
 	for {
-		resp, err := health.Check(ctx, &healthpb.HealthCheckRequest{}, grpc.WaitForReady(true))
+		resp, err := health.Check(ctx, &healthpb.HealthCheckRequest{Service: p.cfg.HealthService}, grpc.WaitForReady(true))
 		if err == nil && resp.GetStatus() == healthpb.HealthCheckResponse_SERVING {
 			return nil
 		}

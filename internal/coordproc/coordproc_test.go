@@ -72,3 +72,16 @@ func TestWatchHealth(t *testing.T) {
 		t.Errorf("status %v after the kill", st)
 	}
 }
+
+// Start waits for Config.HealthService: a coordinator serving RunService is
+// ready; one that never reports the named service is not, and Start says
+// which service it waited for.
+func TestStartWaitsForTheHealthService(t *testing.T) {
+	ForTest(t, Config{Bin: bin, DataDir: filepath.Join(t.TempDir(), "data"), HealthService: "snapcoord.v1.RunService"})
+	dir := t.TempDir()
+	_, err := Start(t.Context(), Config{Bin: bin, DataDir: filepath.Join(dir, "data"), LogPath: filepath.Join(dir, "log"),
+		Args: []string{"--metrics-listen", ""}, HealthService: "no.such.Service", StartTimeout: 3 * time.Second})
+	if err == nil || !strings.Contains(err.Error(), "did not report SERVING") {
+		t.Errorf("Start waiting for an unknown service = %v, want a timeout", err)
+	}
+}

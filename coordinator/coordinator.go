@@ -22,6 +22,7 @@ import (
 	"github.com/snapcoord/snapcoord/server/auth"
 	"github.com/snapcoord/snapcoord/server/engine"
 	"github.com/snapcoord/snapcoord/server/grpcserver"
+	"github.com/snapcoord/snapcoord/server/leader"
 	"github.com/snapcoord/snapcoord/server/telemetry"
 	"github.com/snapcoord/snapcoord/store"
 )
@@ -31,11 +32,14 @@ const StoreFile = "snapcoord.db"
 
 // Coordinator is an assembled coordinator.
 type Coordinator struct {
-	cfg   Config
-	log   *slog.Logger
-	tel   *telemetry.Telemetry
-	db    *store.DB
-	eng   *engine.Engine
+	cfg Config
+	log *slog.Logger
+	tel *telemetry.Telemetry
+	db  *store.DB      // nil with the etcd store
+	eng *engine.Engine // the bbolt store's engine; with etcd, each term has its own
+	// gate lets RunService and WorkerService calls through to the engine
+	// while this coordinator leads; with bbolt it always does.
+	gate  *leader.Gate
 	authn *auth.Authenticator
 	tlsr  *auth.TLSReloader // nil without TLS
 	srv   *grpcserver.Server
@@ -58,23 +62,31 @@ func New(ctx context.Context, cfg Config) (_ *Coordinator, err error) {
 	if c.log == nil {
 		c.log = slog.New(slog.DiscardHandler)
 	}
+	c.gate = leader.New(func(leading bool) { c.srv.SetLeading(leading) })
 	defer func() {
 		if err != nil {
 			c.release()
 		}
 	}()
-	if err := c.openStorage(ctx); err != nil {
+	if err := c.openTelemetry(ctx); err != nil {
+		return nil, err
+	}
+	if err := c.openBbolt(ctx); err != nil {
 		return nil, err
 	}
 	if err := c.buildServer(); err != nil {
 		return nil, err
 	}
+	if c.eng != nil {
+		// A coordinator alone on its store leads it for good.
+		c.gate.Lead(c.eng, c.cfg.Listen)
+	}
 	return c, nil
 }
 
-// openStorage brings up telemetry, the store and the engine, in that
-// order: the store and engine report to telemetry until they close.
-func (c *Coordinator) openStorage(ctx context.Context) error {
+// openTelemetry comes first: the store and engines report to telemetry
+// until they close.
+func (c *Coordinator) openTelemetry(ctx context.Context) error {
 	lookupEnv := c.cfg.LookupEnv
 	if lookupEnv == nil {
 		lookupEnv = func(string) (string, bool) { return "", false }
@@ -85,11 +97,26 @@ func (c *Coordinator) openStorage(ctx context.Context) error {
 	}
 	c.tel = tel
 	c.defer_(c.shutdownTelemetry)
-	if c.db, err = openStore(c.cfg, tel.OnCommit); err != nil {
+	return tel.ObserveEngine(c.gate.Stats)
+}
+
+// openBbolt opens the data file and loads the engine from it.
+func (c *Coordinator) openBbolt(ctx context.Context) (err error) {
+	if c.db, err = openStore(c.cfg, c.tel.OnCommit); err != nil {
 		return err
 	}
 	c.defer_(c.closeStore)
-	c.eng, err = engine.New(ctx, c.db, engine.Options{
+	if c.eng, err = c.loadEngine(ctx, c.db); err != nil {
+		return fmt.Errorf("load state from %s: %w", c.cfg.DataDir, err)
+	}
+	c.defer_(c.eng.Close)
+	return nil
+}
+
+// loadEngine builds an engine over st, loading every run: at start with
+// bbolt, at each term won with etcd, the same restart either way.
+func (c *Coordinator) loadEngine(ctx context.Context, st *store.DB) (*engine.Engine, error) {
+	return engine.New(ctx, st, engine.Options{
 		Clock:                c.cfg.Test.Clock,
 		Logger:               c.log,
 		HeartbeatInterval:    c.cfg.HeartbeatInterval,
@@ -100,13 +127,8 @@ func (c *Coordinator) openStorage(ctx context.Context) error {
 		MaxWorkersPerRun:     c.cfg.MaxWorkersPerRun,
 		MaxEventsPerRun:      c.cfg.MaxEventsPerRun,
 		FinishedRunRetention: c.cfg.FinishedRunRetention,
-		Observer:             tel,
+		Observer:             c.tel,
 	})
-	if err != nil {
-		return fmt.Errorf("load state from %s: %w", c.cfg.DataDir, err)
-	}
-	c.defer_(c.eng.Close)
-	return tel.ObserveEngine(c.eng.Stats)
 }
 
 // openStore opens the data file. A second coordinator on the same directory
@@ -194,11 +216,17 @@ func (c *Coordinator) Addr() string { return c.addr }
 // MetricsAddr is the metrics listener's address; empty when it is off.
 func (c *Coordinator) MetricsAddr() string { return c.metricsAddr }
 
-// Engine is the coordinator's engine, for tests that inspect its state.
-func (c *Coordinator) Engine() *engine.Engine { return c.eng }
+// Engine is the coordinator's engine, for tests that inspect its state;
+// with etcd, the current term's, nil while following.
+func (c *Coordinator) Engine() *engine.Engine { return c.gate.Current() }
 
-// Store is the coordinator's store, for tests that check what it holds.
+// Store is the coordinator's bbolt store, for tests that check what it
+// holds; nil with etcd.
 func (c *Coordinator) Store() *store.DB { return c.db }
+
+// Leader is the address of its group's leader as this coordinator knows
+// it, and whether that is itself.
+func (c *Coordinator) Leader() (addr string, self bool) { return c.gate.Leader() }
 
 // Server is the gRPC server, for tests of its health reporting.
 func (c *Coordinator) Server() *grpcserver.Server { return c.srv }

@@ -80,7 +80,8 @@ var (
 	bucketCommands  = []byte("commands")
 	bucketReports   = []byte("reports")
 
-	keySchemaVersion = []byte("schema_version")
+	// SchemaVersionKey is the key of the schema version in MetaBucket.
+	SchemaVersionKey = []byte("schema_version")
 )
 
 // allBuckets is indexed by Bucket, so batches refer to buckets by number.
@@ -102,7 +103,7 @@ type Bucket uint8
 func (b Bucket) String() string { return string(allBuckets[b]) }
 
 const (
-	idMeta Bucket = iota
+	idMeta Bucket = iota // MetaBucket
 	idRuns
 	idSteps
 	idWorkers
@@ -111,6 +112,9 @@ const (
 	idCommands
 	idReports
 )
+
+// MetaBucket holds the store's own records: SchemaVersionKey.
+const MetaBucket = idMeta
 
 // migrations[v] upgrades a file from schema version v to v+1 inside the
 // opening transaction. Empty while the layout has never changed; a variable
@@ -215,8 +219,7 @@ func prepare(tx *bolt.Tx, path string) error {
 		return err
 	}
 	if v > SchemaVersion {
-		return fmt.Errorf("%w: %s has schema version %d, this binary supports up to %d",
-			ErrNewerSchema, path, v, SchemaVersion)
+		return CheckSchemaVersion(path, v)
 	}
 	if v < SchemaVersion {
 		if err := migrate(tx, v, path); err != nil {
@@ -243,17 +246,40 @@ func createBuckets(tx *bolt.Tx) error {
 }
 
 func readVersion(meta *bolt.Bucket, path string) (uint64, error) {
-	raw := meta.Get(keySchemaVersion)
+	return ParseSchemaVersion(path, meta.Get(SchemaVersionKey))
+}
+
+// ParseSchemaVersion decodes the stored meta/schema_version record of the
+// store named where.
+func ParseSchemaVersion(where string, raw []byte) (uint64, error) {
 	if len(raw) != 8 {
-		return 0, fmt.Errorf("store: %s: meta/schema_version is missing or malformed (%d bytes)", path, len(raw))
+		return 0, fmt.Errorf("store: %s: meta/schema_version is missing or malformed (%d bytes)", where, len(raw))
 	}
 	return binary.BigEndian.Uint64(raw), nil
+}
+
+// CheckSchemaVersion refuses a stored version other than SchemaVersion, for
+// a backend without migrations: a newer one with ErrNewerSchema.
+func CheckSchemaVersion(where string, v uint64) error {
+	switch {
+	case v > SchemaVersion:
+		return fmt.Errorf("%w: %s has schema version %d, this binary supports up to %d",
+			ErrNewerSchema, where, v, SchemaVersion)
+	case v < SchemaVersion:
+		return fmt.Errorf("store: %s: no migration from schema version %d", where, v)
+	}
+	return nil
+}
+
+// SchemaVersionValue is the meta/schema_version record of SchemaVersion.
+func SchemaVersionValue() []byte {
+	return binary.BigEndian.AppendUint64(nil, SchemaVersion)
 }
 
 func writeVersion(tx *bolt.Tx, v uint64) error {
 	var raw [8]byte
 	binary.BigEndian.PutUint64(raw[:], v)
-	if err := tx.Bucket(bucketMeta).Put(keySchemaVersion, raw[:]); err != nil {
+	if err := tx.Bucket(bucketMeta).Put(SchemaVersionKey, raw[:]); err != nil {
 		return fmt.Errorf("store: write schema version: %w", err)
 	}
 	return nil

@@ -1,7 +1,9 @@
 // Package coordinator assembles the whole snapcoord coordinator from one
-// Config: telemetry, the bbolt store, the engine, authentication, the gRPC
-// server with its full interceptor chain, the metrics and status page
-// listener, and the background loops (health watch, credential reload).
+// Config: telemetry, the store and the engine (a bbolt file, or etcd with
+// a leader election and an engine per term led, see election.go), the
+// follower gate, authentication, the gRPC server with its full interceptor
+// chain, the metrics and status page listener, and the background loops
+// (health watch, credential reload, election).
 // It owns their order: New acquires them, Start listens, Shutdown drains
 // the RPCs in flight and then releases everything in reverse.
 //
@@ -18,6 +20,8 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/snapcoord/snapcoord/server/auth"
 	"github.com/snapcoord/snapcoord/server/engine"
@@ -40,6 +44,7 @@ type Coordinator struct {
 	// gate lets RunService and WorkerService calls through to the engine
 	// while this coordinator leads; with bbolt it always does.
 	gate  *leader.Gate
+	etcd  *clientv3.Client // with the etcd store
 	authn *auth.Authenticator
 	tlsr  *auth.TLSReloader // nil without TLS
 	srv   *grpcserver.Server
@@ -71,7 +76,12 @@ func New(ctx context.Context, cfg Config) (_ *Coordinator, err error) {
 	if err := c.openTelemetry(ctx); err != nil {
 		return nil, err
 	}
-	if err := c.openBbolt(ctx); err != nil {
+	if c.cfg.Store == StoreEtcd {
+		err = c.connectEtcd()
+	} else {
+		err = c.openBbolt(ctx)
+	}
+	if err != nil {
 		return nil, err
 	}
 	if err := c.buildServer(); err != nil {
@@ -115,7 +125,7 @@ func (c *Coordinator) openBbolt(ctx context.Context) (err error) {
 
 // loadEngine builds an engine over st, loading every run: at start with
 // bbolt, at each term won with etcd, the same restart either way.
-func (c *Coordinator) loadEngine(ctx context.Context, st *store.DB) (*engine.Engine, error) {
+func (c *Coordinator) loadEngine(ctx context.Context, st store.Store) (*engine.Engine, error) {
 	return engine.New(ctx, st, engine.Options{
 		Clock:                c.cfg.Test.Clock,
 		Logger:               c.log,
@@ -158,8 +168,16 @@ func (c *Coordinator) Start() error {
 	}
 	c.startLoops()
 	c.lis, c.addr, c.served = lis, lis.Addr().String(), make(chan error, 1)
-	c.log.Info("serving", "addr", c.addr, "data_dir", c.cfg.DataDir)
+	if c.etcd != nil {
+		c.log.Info("serving", "addr", c.addr, "store", StoreEtcd, "etcd_prefix", c.cfg.Etcd.Prefix)
+	} else {
+		c.log.Info("serving", "addr", c.addr, "data_dir", c.cfg.DataDir)
+	}
 	go func() { c.served <- c.srv.Serve(lis) }()
+	if c.etcd != nil {
+		// Health, reflection and the metrics stay up on a follower.
+		c.startElection(c.cfg.advertise(c.addr))
+	}
 	return nil
 }
 

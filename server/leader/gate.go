@@ -16,6 +16,7 @@ import (
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 	"github.com/snapcoord/snapcoord/server/engine"
 	"github.com/snapcoord/snapcoord/server/transport"
+	"github.com/snapcoord/snapcoord/store"
 )
 
 // errDeposed cancels the calls of a term that ended; clients never see it.
@@ -144,9 +145,14 @@ func (g *Gate) enter() (*term, string) {
 	return g.term, ""
 }
 
-// refused is the answer to a call whose term ended under it.
+// refused is the answer to a call whose term ended under it. A term whose
+// commit was refused may not have ended yet: this coordinator does not
+// name itself then, as it is the leader no more.
 func (g *Gate) refused() error {
-	addr, _ := g.Leader()
+	addr, self := g.Leader()
+	if self {
+		addr = ""
+	}
 	return transport.NotLeader(addr)
 }
 
@@ -168,9 +174,13 @@ func (t *term) bind(parent context.Context) (context.Context, func()) {
 	}
 }
 
-// over reports whether the term ended: a failed call of an ended term is
-// answered NOT_LEADER, whatever the engine said about the cancellation.
-func (t *term) over() bool { return t.ctx.Err() != nil }
+// over reports whether the term ended, or is ending because the store
+// refused a commit of its engine (another coordinator took over; this one
+// steps down within moments). A failed call of such a term is answered
+// NOT_LEADER, whatever the engine said about the cancellation or refusal.
+func (t *term) over() bool {
+	return t.ctx.Err() != nil || errors.Is(t.eng.Healthy(), store.ErrFenced)
+}
 
 // UnaryServerInterceptor gates unary RunService and WorkerService calls.
 func (g *Gate) UnaryServerInterceptor() grpc.UnaryServerInterceptor {

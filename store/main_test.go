@@ -4,7 +4,18 @@ import (
 	"testing"
 
 	"go.uber.org/goleak"
+
+	"github.com/snapcoord/snapcoord/internal/etcdtest"
 )
 
 // The commit batcher runs a goroutine per open store; Close must end it.
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// The etcd backend's tests share one cluster, stopped before the check.
+func TestMain(m *testing.M) { goleak.VerifyTestMain(withSharedEtcd{m}) }
+
+type withSharedEtcd struct{ m *testing.M }
+
+func (w withSharedEtcd) Run() int {
+	code := w.m.Run()
+	etcdtest.StopShared(code)
+	return code
+}

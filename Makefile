@@ -214,7 +214,8 @@ sim: ## Simulate workloads A-H under each deadline policy and write the tables i
 sim-frontier: ## Compare ExpectedLoss settings over workloads A-H (a few minutes) and write the frontier into docs/simulation.md.
 	$(GO) run ./cmd/snapsim --frontier --runs 1000 --doc docs/simulation.md $(SIM_FLAGS)
 
-bench: build ## Load benchmark: each figure with its floor and ratio (under 3 min on 2 cores).
+bench: build ## Load benchmark: each figure with its floor and ratio, on bbolt and on etcd (under 4 min on 2 cores).
+	scripts/deps-etcd.sh
 	./bin/snapbench --snapcoord bin/snapcoord $(BENCH_FLAGS)
 
 bench-smoke: ## Run every go test benchmark once (-benchtime=1x), so none rots.

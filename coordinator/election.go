@@ -102,10 +102,14 @@ func (c *Coordinator) startElection(self string) {
 // until the term ends. Closing the session revokes its lease, so that a
 // coordinator stepping down (or shutting down) hands over at once.
 func (c *Coordinator) campaign(ctx context.Context, self string) error {
-	// The session outlives ctx just long enough for Close to revoke it.
+	// Once granted, the session outlives ctx just long enough for Close to
+	// revoke it; until then, ctx's end (shutdown) cancels the grant, which
+	// would otherwise wait for an unreachable etcd for good.
 	sessCtx, endSess := context.WithCancel(context.WithoutCancel(ctx))
 	defer endSess()
+	stopEarly := context.AfterFunc(ctx, endSess)
 	sess, err := concurrency.NewSession(c.etcd, concurrency.WithTTL(int(c.cfg.ElectionTTL/time.Second)), concurrency.WithContext(sessCtx))
+	stopEarly()
 	if err != nil {
 		return fmt.Errorf("election session: %w", err)
 	}

@@ -163,3 +163,37 @@ func statusPage(t *testing.T, addr string) string {
 	}
 	return string(b)
 }
+
+// With etcd gone for good, a leader steps down once its lease can no
+// longer be renewed, and both it and a follower still shut down promptly:
+// nothing waits for etcd beyond its bounds.
+func TestEtcdGoneLeaderStepsDownAndShutdownEnds(t *testing.T) {
+	etcd := etcdtest.Start(t, 3)
+	log := logsink.NewWatcher()
+	cfg := etcdConfig(t, etcd.Endpoints())
+	cfg.Logger = slog.New(slog.NewJSONHandler(log, nil))
+	leader := coordtest.Serve(t, cfg)
+	t.Cleanup(leader.Stop)
+	awaitRunService(t, leader.Addr(), healthpb.HealthCheckResponse_SERVING)
+	follower := coordtest.Serve(t, etcdConfig(t, etcd.Endpoints()))
+	t.Cleanup(follower.Stop)
+
+	steppedDown := log.Next("stepped down", "")
+	for i := range 3 {
+		if err := etcd.Kill(i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	gone := time.Now()
+	<-steppedDown
+	t.Logf("leader stepped down %v after etcd was killed (election TTL 2s)", time.Since(gone).Round(time.Millisecond))
+	awaitRunService(t, leader.Addr(), healthpb.HealthCheckResponse_NOT_SERVING)
+
+	for _, in := range []*coordtest.Instance{leader, follower} {
+		began := time.Now()
+		in.Stop()
+		if took := time.Since(began); took > 5*time.Second {
+			t.Errorf("shutdown with etcd gone took %v", took)
+		}
+	}
+}

@@ -141,13 +141,7 @@ var etcdBackend = &backend{
 
 func etcdClient(t testing.TB) *clientv3.Client {
 	t.Helper()
-	c := etcdtest.Shared(t, etcdClusterSize)
-	cli, err := c.Client()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cli.Close() })
-	return cli
+	return etcdtest.Client(t, etcdtest.Shared(t, etcdClusterSize))
 }
 
 func openEtcd(t testing.TB, cli *clientv3.Client, prefix string, fence etcdstore.Fence, opts store.Options) *etcdstore.Store {

@@ -10,12 +10,4 @@ import (
 
 // The commit batcher runs a goroutine per open store; Close must end it.
 // The etcd backend's tests share one cluster, stopped before the check.
-func TestMain(m *testing.M) { goleak.VerifyTestMain(withSharedEtcd{m}) }
-
-type withSharedEtcd struct{ m *testing.M }
-
-func (w withSharedEtcd) Run() int {
-	code := w.m.Run()
-	etcdtest.StopShared(code)
-	return code
-}
+func TestMain(m *testing.M) { goleak.VerifyTestMain(etcdtest.M{M: m}) }

@@ -102,6 +102,15 @@ type Bucket uint8
 
 func (b Bucket) String() string { return string(allBuckets[b]) }
 
+// Buckets are every bucket, MetaBucket first.
+func Buckets() []Bucket {
+	bs := make([]Bucket, len(allBuckets))
+	for i := range bs {
+		bs[i] = Bucket(i)
+	}
+	return bs
+}
+
 const (
 	idMeta Bucket = iota // MetaBucket
 	idRuns

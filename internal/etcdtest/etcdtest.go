@@ -181,12 +181,12 @@ func (c *Cluster) await(ctx context.Context, i int) error {
 		if err == nil {
 			return nil
 		}
-		select {
+		select { // back off: a refused connection fails at once
 		case <-done:
 			return fmt.Errorf("etcdtest: member %s exited while starting: %s", m.name, tail(m.log(), 2000))
 		case <-ctx.Done():
 			return fmt.Errorf("etcdtest: member %s not ready: %w (last error: %v)", m.name, ctx.Err(), err)
-		default:
+		case <-time.After(50 * time.Millisecond):
 		}
 	}
 }

@@ -10,16 +10,6 @@ import (
 	"go.etcd.io/etcd/client/v3/concurrency"
 )
 
-func client(t *testing.T, c *Cluster) *clientv3.Client {
-	t.Helper()
-	cli, err := c.Client()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cli.Close() })
-	return cli
-}
-
 func ctxT(t *testing.T) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	t.Cleanup(cancel)
@@ -31,7 +21,7 @@ func ctxT(t *testing.T) context.Context {
 func TestClientAgainstServer(t *testing.T) {
 	c := Start(t, 3)
 	ctx := ctxT(t)
-	cli := client(t, c)
+	cli := Client(t, c)
 
 	t.Run("txn", func(t *testing.T) {
 		resp, err := cli.Txn(ctx).
@@ -127,14 +117,12 @@ func TestClientAgainstServer(t *testing.T) {
 func TestMemberFaults(t *testing.T) {
 	c := Start(t, 3)
 	ctx := ctxT(t)
-	cli := client(t, c)
+	cli := Client(t, c)
 
 	if err := c.Kill(0); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := cli.Put(ctx, "after-kill", "1"); err != nil {
-		t.Fatalf("put with one member dead: %v", err)
-	}
+	putEventually(t, ctx, cli, "after-kill")
 	if err := c.Restart(ctx, 0); err != nil {
 		t.Fatal(err)
 	}
@@ -151,9 +139,7 @@ func TestMemberFaults(t *testing.T) {
 	if err := c.Stop(1); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := cli.Put(ctx, "while-stopped", "1"); err != nil {
-		t.Fatalf("put with one member paused: %v", err)
-	}
+	putEventually(t, ctx, cli, "while-stopped")
 	if err := c.Cont(1); err != nil {
 		t.Fatal(err)
 	}
@@ -162,12 +148,35 @@ func TestMemberFaults(t *testing.T) {
 	}
 }
 
+// putEventually puts key until a put succeeds: one that reached a
+// member just killed or paused, the leader among them, times out while
+// the others elect a new leader, and only then commits.
+func putEventually(t *testing.T, ctx context.Context, cli *clientv3.Client, key string) {
+	t.Helper()
+	for {
+		attempt, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err := cli.Put(attempt, key, "1")
+		cancel()
+		if err == nil {
+			return
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("put %s with one member of three down: %v", key, err)
+		}
+		t.Logf("put %s: %v; again", key, err)
+		select { // back off: an error may come at once
+		case <-time.After(100 * time.Millisecond):
+		case <-ctx.Done():
+		}
+	}
+}
+
 // With two of three members gone there is no quorum: a write does not
 // commit (the context's deadline ends it).
 func TestNoQuorumNoCommit(t *testing.T) {
 	c := Start(t, 3)
 	ctx := ctxT(t)
-	cli := client(t, c)
+	cli := Client(t, c)
 	for _, i := range []int{1, 2} {
 		if err := c.Kill(i); err != nil {
 			t.Fatal(err)
@@ -185,14 +194,12 @@ func TestSharedIsOneCluster(t *testing.T) {
 	if a != b {
 		t.Fatal("Shared started a second cluster")
 	}
-	cli := client(t, a)
+	cli := Client(t, a)
 	if _, err := cli.Put(ctxT(t), "shared", "1"); err != nil {
 		t.Fatal(err)
 	}
 }
 
 func TestMain(m *testing.M) {
-	code := m.Run()
-	StopShared(code)
-	os.Exit(code)
+	os.Exit(M{M: m}.Run())
 }

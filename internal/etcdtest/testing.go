@@ -7,6 +7,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // startTimeout bounds a cluster's start in tests: members elect a leader
@@ -108,4 +110,26 @@ func StopShared(code int) {
 		_ = os.RemoveAll(shared.dir)
 		shared.dir = ""
 	}
+}
+
+// M runs a package's tests and then StopShared: TestMain calls
+// os.Exit(etcdtest.M{M: m}.Run()), or hands it to goleak.VerifyTestMain.
+type M struct{ *testing.M }
+
+// Run runs the tests, stops the shared cluster and returns the exit code.
+func (m M) Run() int {
+	code := m.M.Run()
+	StopShared(code)
+	return code
+}
+
+// Client returns a client of c's members, closed when t ends.
+func Client(t testing.TB, c *Cluster) *clientv3.Client {
+	t.Helper()
+	cli, err := c.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cli.Close() })
+	return cli
 }

@@ -2,6 +2,7 @@ package coordinator_test
 
 import (
 	"context"
+	"crypto/x509"
 	"io"
 	"log/slog"
 	"net/http"
@@ -20,6 +21,7 @@ import (
 	"github.com/snapcoord/snapcoord/internal/etcdtest"
 	"github.com/snapcoord/snapcoord/internal/logsink"
 	"github.com/snapcoord/snapcoord/internal/spectest"
+	"github.com/snapcoord/snapcoord/internal/testpki"
 )
 
 // etcdConfig is coordtest's configuration on the etcd store at endpoints,
@@ -195,5 +197,38 @@ func TestEtcdGoneLeaderStepsDownAndShutdownEnds(t *testing.T) {
 		if took := time.Since(began); took > 5*time.Second {
 			t.Errorf("shutdown with etcd gone took %v", took)
 		}
+	}
+}
+
+// The etcd TLS settings reach etcd: a coordinator with the CA and a client
+// certificate leads a cluster that requires client certificates; one with
+// the CA alone cannot even campaign.
+func TestEtcdMutualTLS(t *testing.T) {
+	dir := t.TempDir()
+	ca := testpki.NewCA(t, dir, "etcd-ca")
+	server := ca.Issue(t, dir, "etcd-server", x509.ExtKeyUsageServerAuth)
+	client := ca.Issue(t, dir, "coordinator", x509.ExtKeyUsageClientAuth)
+	etcd := etcdtest.StartTLS(t, 1, &etcdtest.TLS{CAFile: ca.File,
+		ServerCertFile: server.CertFile, ServerKeyFile: server.KeyFile,
+		ClientCertFile: client.CertFile, ClientKeyFile: client.KeyFile})
+
+	cfg := etcdConfig(t, etcd.Endpoints())
+	cfg.Etcd.CAFile, cfg.Etcd.CertFile, cfg.Etcd.KeyFile = ca.File, client.CertFile, client.KeyFile
+	leader := coordtest.Start(t, cfg)
+	awaitRunService(t, leader.Addr(), healthpb.HealthCheckResponse_SERVING)
+	if _, err := v1.NewRunServiceClient(dial(t, leader.Addr())).CreateRun(t.Context(),
+		&v1.CreateRunRequest{RunId: "over-tls", Spec: spectest.Checkpointed(1, "00:01:00:00")}); err != nil {
+		t.Fatalf("CreateRun over etcd mutual TLS: %v", err)
+	}
+
+	log := logsink.NewWatcher()
+	refused := log.Next("election: campaign failed; retrying", "")
+	noCert := etcdConfig(t, etcd.Endpoints())
+	noCert.Etcd.CAFile = ca.File
+	noCert.Logger = slog.New(slog.NewJSONHandler(log, nil))
+	coordtest.Start(t, noCert)
+	<-refused
+	if !strings.Contains(log.String(), "refusing this coordinator's TLS settings") {
+		t.Errorf("the failed campaign's log does not say what may be wrong:\n%s", log.String())
 	}
 }

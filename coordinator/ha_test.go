@@ -3,6 +3,7 @@ package coordinator_test
 import (
 	"context"
 	"crypto/x509"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -87,6 +88,8 @@ func TestEtcdLeaderHandsOverOnShutdown(t *testing.T) {
 	if addr, self := second.Leader(); self || addr != first.Addr() {
 		t.Fatalf("second: Leader() = %q, %v; want %s, not itself", addr, self, first.Addr())
 	}
+	wantLeaderGauge(t, first.MetricsAddr(), 1)
+	wantLeaderGauge(t, second.MetricsAddr(), 0)
 
 	stopped := time.Now()
 	first.Stop()
@@ -99,6 +102,16 @@ func TestEtcdLeaderHandsOverOnShutdown(t *testing.T) {
 	got, err := v1.NewRunServiceClient(dial(t, second.Addr())).GetRun(t.Context(), &v1.GetRunRequest{RunId: "kept"})
 	if err != nil || got.GetRun().GetRunId() != "kept" {
 		t.Fatalf("GetRun on the new leader = %v, %v; want the run", got.GetRun(), err)
+	}
+	wantLeaderGauge(t, second.MetricsAddr(), 1)
+}
+
+// wantLeaderGauge checks the snapcoord_leader gauge on a /metrics page.
+func wantLeaderGauge(t *testing.T, metricsAddr string, want int) {
+	t.Helper()
+	page := get(t, "http://"+metricsAddr+"/metrics")
+	if line := fmt.Sprintf("\nsnapcoord_leader %d\n", want); !strings.Contains(page, line) {
+		t.Errorf("%s/metrics lacks %q", metricsAddr, strings.TrimSpace(line))
 	}
 }
 
@@ -154,7 +167,12 @@ func TestEtcdDeposedLeaderIsFenced(t *testing.T) {
 
 func statusPage(t *testing.T, addr string) string {
 	t.Helper()
-	resp, err := http.Get("http://" + addr + "/")
+	return get(t, "http://"+addr+"/")
+}
+
+func get(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
 	if err != nil {
 		t.Fatal(err)
 	}

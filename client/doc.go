@@ -23,6 +23,18 @@
 // restarts, register again when their lease lapsed or the coordinator
 // dropped them, and deregister on Close.
 //
+// # Several coordinators
+//
+// Dial takes a comma-separated list of addresses ("a:7070,b:7070,c:7070")
+// for coordinators that share an etcd prefix, of which one leads. The
+// client connects to all of them and sends every call to the one whose
+// gRPC health reports WorkerService SERVING: the leader (followers report
+// NOT_SERVING; a coordinator on bbolt reports SERVING). After a failover
+// calls go to the new leader as soon as it says it serves. A call that
+// still meets a follower (UNAVAILABLE with ErrorInfo reason NOT_LEADER,
+// see NotLeader) is made again whatever its method: the follower did
+// nothing. A single address is dialed exactly as before.
+//
 // # Retries
 //
 // Unary calls that are safe to repeat are retried on UNAVAILABLE with

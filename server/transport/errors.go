@@ -29,6 +29,7 @@ var kindCodes = []struct {
 	{engine.ErrPermissionDenied, codes.PermissionDenied},
 	{engine.ErrResourceExhausted, codes.ResourceExhausted},
 	{engine.ErrUnavailable, codes.Unavailable},
+	{engine.ErrOutOfRange, codes.OutOfRange},
 }
 
 // sendError marks a failure of stream.Send: it is already a gRPC status

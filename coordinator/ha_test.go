@@ -131,6 +131,14 @@ func TestEtcdDeposedLeaderIsFenced(t *testing.T) {
 	if _, err := runs.CreateRun(t.Context(), &v1.CreateRunRequest{RunId: "before", Spec: spectest.Checkpointed(1, "00:01:00:00")}); err != nil {
 		t.Fatalf("CreateRun on the leader: %v", err)
 	}
+	// A watch open in the term, which its end must cut.
+	watch, err := runs.WatchRun(t.Context(), &v1.WatchRunRequest{RunId: "before"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := watch.Recv(); err != nil {
+		t.Fatalf("WatchRun: %v", err)
+	}
 
 	cli, err := etcd.Client()
 	if err != nil {
@@ -152,6 +160,16 @@ func TestEtcdDeposedLeaderIsFenced(t *testing.T) {
 		t.Fatalf("CreateRun on the deposed leader: %v; want UNAVAILABLE NOT_LEADER", err)
 	}
 	<-steppedDown
+	for {
+		_, err := watch.Recv()
+		if err == nil {
+			continue // the rest of the run's log
+		}
+		if st := status.Convert(err); st.Code() != codes.Unavailable || !strings.HasPrefix(st.Message(), "not the leader") {
+			t.Errorf("a watch open when the leader stepped down ended with %v; want UNAVAILABLE NOT_LEADER", err)
+		}
+		break
+	}
 	if !strings.Contains(log.String(), "fenced") {
 		t.Errorf("the deposed leader stepped down for another cause than a fenced commit:\n%s", log.String())
 	}

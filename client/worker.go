@@ -110,6 +110,7 @@ type Worker struct {
 	lastAck  time.Time // the last registration or acknowledged heartbeat
 	runState v1.RunState
 	lastSeq  int64
+	seen     *seenLog // the commands delivered, by seq, for a resync
 	polling  bool
 	err      error
 }
@@ -125,7 +126,8 @@ type Worker struct {
 // per connection.
 func (c *Client) StartWorker(ctx context.Context, cfg WorkerConfig) (*Worker, error) {
 	cfg = cfg.withDefaults()
-	w := &Worker{c: c, cfg: cfg, log: cfg.Logger, cmds: make(chan *v1.Command), done: make(chan struct{}), polling: cfg.Poll}
+	w := &Worker{c: c, cfg: cfg, log: cfg.Logger, cmds: make(chan *v1.Command), done: make(chan struct{}), polling: cfg.Poll,
+		seen: newSeenLog()}
 	if err := w.register(ctx, 0); err != nil {
 		return nil, fmt.Errorf("client: register %q in run %q: %w", cfg.Name, cfg.RunID, err)
 	}

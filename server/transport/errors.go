@@ -90,3 +90,19 @@ func safeMessage(err, kind error) string {
 	}
 	return kind.Error()
 }
+
+// ReasonNotLeader is the ErrorInfo reason of NotLeader.
+const ReasonNotLeader = "NOT_LEADER"
+
+// NotLeader is the answer of a coordinator that does not lead its group to
+// a RunService or WorkerService call: UNAVAILABLE, so clients retry, with
+// the leader's address (empty while none is known) in the message and in
+// ErrorInfo metadata "leader", so that they retry there.
+func NotLeader(leader string) error {
+	st := status.New(codes.Unavailable, "not the leader; the leader is at "+leader)
+	d, err := st.WithDetails(&errdetails.ErrorInfo{Reason: ReasonNotLeader, Domain: ErrorDomain, Metadata: map[string]string{"leader": leader}})
+	if err != nil {
+		return st.Err()
+	}
+	return d.Err()
+}

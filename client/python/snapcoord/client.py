@@ -27,9 +27,11 @@ _WORKER_PREFIX = "/snapcoord.v1.WorkerService/"
 # waits up to two minutes), so that a worker hears a command issued then in
 # time; notice a dead coordinator under an idle command stream. As the Go
 # client's dial.go; 30 s pings are above the server's minimum interval (10 s).
+# Not grpc.min_reconnect_backoff_ms: gRPC's C core takes it as the time a
+# connection attempt may last, so a coordinator slow to answer a new
+# connection (a loaded machine) would be abandoned at every attempt.
 _CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (
     ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", int(FOLLOW_MAX_WAIT * 1000)),
     ("grpc.keepalive_time_ms", 30_000),
     ("grpc.keepalive_timeout_ms", 10_000),

@@ -78,7 +78,7 @@ class Coordinator:
         self._await_serving()
 
     def _await_serving(self, timeout: float = 30.0) -> None:
-        fast = [("grpc.initial_reconnect_backoff_ms", 20), ("grpc.min_reconnect_backoff_ms", 20), ("grpc.max_reconnect_backoff_ms", 100)]
+        fast = [("grpc.initial_reconnect_backoff_ms", 20), ("grpc.max_reconnect_backoff_ms", 100)]
         if self.credentials is not None:
             fast.append(("grpc.ssl_target_name_override", self.server_name))
             channel = grpc.secure_channel(self.addr, self.credentials, options=fast)

@@ -4,7 +4,9 @@ coordinator; the retry interceptor against a fake call."""
 from __future__ import annotations
 
 import pathlib
+import socket
 import subprocess
+import threading
 import time
 from typing import Any
 
@@ -116,6 +118,60 @@ def test_plaintext_by_default_on_loopback_only(coordinator: Coordinator) -> None
         "coordinator.example:7070": False, "127.0.0.1": False, "::1": False, "dns:///localhost:7070": False,
     }.items():  # fmt: skip
         assert is_loopback(addr) == want, addr
+
+
+def test_reaches_a_coordinator_slow_to_answer_a_new_connection(coordinator: Coordinator) -> None:
+    """A coordinator that takes 1.5 s to answer a new connection (a loaded
+    machine, a restart replaying its log) is still reached: a connection
+    attempt is not abandoned after the reconnect backoff (at most 1 s), which
+    would leave the channel failing every call for as long as the slowness
+    lasts."""
+    with SlowStartProxy(coordinator.addr, delay=1.5) as addr, snapcoord.connect(addr, timeout=10.0, env={}) as c:
+        with pytest.raises(snapcoord.NotFoundError):  # an answer: the channel connected
+            c.get_run("no-such-run")
+
+
+class SlowStartProxy:
+    """A loopback TCP proxy that holds back each connection's first bytes
+    from the server for ``delay`` seconds, then relays both ways."""
+
+    def __init__(self, target: str, delay: float) -> None:
+        host, port = target.rsplit(":", 1)
+        self.target, self.delay = (host, int(port)), delay
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.closed = threading.Event()
+
+    def __enter__(self) -> str:
+        threading.Thread(target=self._accept, daemon=True).start()
+        return "127.0.0.1:%d" % self.listener.getsockname()[1]
+
+    def __exit__(self, *exc: object) -> None:
+        self.closed.set()
+        self.listener.close()
+
+    def _accept(self) -> None:
+        while not self.closed.is_set():
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self.target)
+            threading.Thread(target=self._relay, args=(client, server, 0.0), daemon=True).start()
+            threading.Thread(target=self._relay, args=(server, client, self.delay), daemon=True).start()
+
+    def _relay(self, src: socket.socket, dst: socket.socket, delay: float) -> None:
+        first = True
+        try:
+            while data := src.recv(65536):
+                if first and self.closed.wait(delay):
+                    return
+                first = False
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                s.close()
 
 
 class FakeCall:

@@ -75,12 +75,13 @@ def test_superseded_trainer_raises_and_leaves_the_name(coordinator: Coordinator)
 def test_superseded_env_worker_stops_its_commands(coordinator: Coordinator) -> None:
     _, token = coordinator.admin().create_run("run-a", run_spec(1, budget="00:01:00:00"))
     old = coordinator.worker_client("run-a", token).env_worker("env-0")
-    coordinator.worker_client("run-a", token).env_worker("env-0")
-    # The old process hears of it from its stream or its next heartbeat.
-    with pytest.raises(snapcoord.SupersededError):
-        for _ in old.commands():
-            pass
-    assert isinstance(old.error, snapcoord.SupersededError)
+    with coordinator.worker_client("run-a", token).env_worker("env-0"):
+        # The old process hears of it from its stream or its next heartbeat.
+        with pytest.raises(snapcoord.SupersededError):
+            for _ in old.commands():
+                pass
+        assert isinstance(old.error, snapcoord.SupersededError)
+    old.close()
 
 
 def test_reregisters_when_dropped(coordinator: Coordinator) -> None:

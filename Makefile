@@ -197,7 +197,7 @@ clean: ## Remove bin/. Leaves data/ (coordinator state) and .cache/ alone.
 # BENCH_FLAGS='--fanout-workers 10000 --json-file bench.json'.
 .PHONY: bench bench-smoke crashtest crashtest-ha fuzz
 CRASH_CYCLES ?= 20
-HA_CYCLES ?= 10
+HA_CYCLES ?= 5
 FUZZTIME ?= 30s
 # Every fuzz target, as package:Name; make fuzz runs each for FUZZTIME.
 FUZZ_TARGETS := ./server/deadline:FuzzParseBudget ./server/grpcserver:FuzzCreateRun \

@@ -197,7 +197,7 @@ clean: ## Remove bin/. Leaves data/ (coordinator state) and .cache/ alone.
 # BENCH_FLAGS='--fanout-workers 10000 --json-file bench.json'.
 .PHONY: bench bench-smoke crashtest crashtest-ha fuzz
 CRASH_CYCLES ?= 20
-HA_CYCLES ?= 5
+HA_CYCLES ?= 10
 FUZZTIME ?= 30s
 # Every fuzz target, as package:Name; make fuzz runs each for FUZZTIME.
 FUZZ_TARGETS := ./server/deadline:FuzzParseBudget ./server/grpcserver:FuzzCreateRun \
@@ -226,7 +226,7 @@ crashtest: build ## kill -9 crash loop, CRASH_CYCLES times; fails if an acknowle
 
 crashtest-ha: build ## Leader kill/pause loop on 3 etcd members and 3 coordinators, HA_CYCLES times (docs/ha.md); fails on a lost write, a changed decision or a write a deposed leader kept.
 	scripts/deps-etcd.sh
-	./bin/snapcrash --snapcoord bin/snapcoord --ha --cycles $(HA_CYCLES)
+	./bin/snapcrash --snapcoord bin/snapcoord --ha --cycles $(HA_CYCLES) --step-every 100ms
 
 fuzz: ## Run every fuzz target for FUZZTIME (e.g. FUZZTIME=10s).
 	for t in $(FUZZ_TARGETS); do \

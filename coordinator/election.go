@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -29,6 +30,8 @@ const (
 	// campaignRetry is the pause after a failed campaign (etcd
 	// unreachable, say) before the next.
 	campaignRetry = 500 * time.Millisecond
+	// leaseGrantTimeout bounds the grant of an election lease.
+	leaseGrantTimeout = 5 * time.Second
 	// termCheckInterval is how often a leader checks that its engine can
 	// still commit; a refused (fenced) commit ends the term within it.
 	termCheckInterval = 50 * time.Millisecond
@@ -102,14 +105,27 @@ func (c *Coordinator) startElection(self string) {
 // until the term ends. Closing the session revokes its lease, so that a
 // coordinator stepping down (or shutting down) hands over at once.
 func (c *Coordinator) campaign(ctx context.Context, self string) error {
-	// Once granted, the session outlives ctx just long enough for Close to
-	// revoke it; until then, ctx's end (shutdown) cancels the grant, which
-	// would otherwise wait for an unreachable etcd for good.
+	// The lease is granted here rather than by NewSession, whose context
+	// also keeps the lease alive: the grant must end at shutdown and give
+	// up on an etcd it cannot reach (or that refuses its certificate), so
+	// that the failure is logged instead of waited for silently.
+	ttl := int64(c.cfg.ElectionTTL / time.Second)
+	grantCtx, cancel := context.WithTimeout(ctx, leaseGrantTimeout)
+	lease, err := c.etcd.Grant(grantCtx, ttl)
+	cancel()
+	if errors.Is(err, context.DeadlineExceeded) {
+		// The client retries silently: say what usually causes it.
+		return fmt.Errorf("election lease: no answer from etcd at %s within %v (unreachable, or refusing this coordinator's TLS settings): %w",
+			strings.Join(c.cfg.Etcd.Endpoints, ","), leaseGrantTimeout, err)
+	}
+	if err != nil {
+		return fmt.Errorf("election lease: %w", err)
+	}
+	// The session outlives ctx just long enough for Close to revoke the
+	// lease.
 	sessCtx, endSess := context.WithCancel(context.WithoutCancel(ctx))
 	defer endSess()
-	stopEarly := context.AfterFunc(ctx, endSess)
-	sess, err := concurrency.NewSession(c.etcd, concurrency.WithTTL(int(c.cfg.ElectionTTL/time.Second)), concurrency.WithContext(sessCtx))
-	stopEarly()
+	sess, err := concurrency.NewSession(c.etcd, concurrency.WithLease(lease.ID), concurrency.WithTTL(int(ttl)), concurrency.WithContext(sessCtx))
 	if err != nil {
 		return fmt.Errorf("election session: %w", err)
 	}

@@ -40,8 +40,8 @@ const (
 // electionKey is the election's prefix under the store's.
 func (c EtcdConfig) electionKey() string { return c.Prefix + "/leader" }
 
-// tlsConfig is the client TLS of CAFile, CertFile and KeyFile; nil without
-// a CA file (plaintext).
+// tlsConfig is the client TLS of CAFile, CertFile and KeyFile; nil when
+// none is set (plaintext).
 func (c EtcdConfig) tlsConfig() (*tls.Config, error) {
 	if c.CAFile == "" && c.CertFile == "" {
 		return nil, nil
@@ -105,27 +105,16 @@ func (c *Coordinator) startElection(self string) {
 // until the term ends. Closing the session revokes its lease, so that a
 // coordinator stepping down (or shutting down) hands over at once.
 func (c *Coordinator) campaign(ctx context.Context, self string) error {
-	// The lease is granted here rather than by NewSession, whose context
-	// also keeps the lease alive: the grant must end at shutdown and give
-	// up on an etcd it cannot reach (or that refuses its certificate), so
-	// that the failure is logged instead of waited for silently.
-	ttl := int64(c.cfg.ElectionTTL / time.Second)
-	grantCtx, cancel := context.WithTimeout(ctx, leaseGrantTimeout)
-	lease, err := c.etcd.Grant(grantCtx, ttl)
-	cancel()
-	if errors.Is(err, context.DeadlineExceeded) {
-		// The client retries silently: say what usually causes it.
-		return fmt.Errorf("election lease: no answer from etcd at %s within %v (unreachable, or refusing this coordinator's TLS settings): %w",
-			strings.Join(c.cfg.Etcd.Endpoints, ","), leaseGrantTimeout, err)
-	}
+	lease, err := c.grantLease(ctx)
 	if err != nil {
-		return fmt.Errorf("election lease: %w", err)
+		return err
 	}
 	// The session outlives ctx just long enough for Close to revoke the
-	// lease.
+	// lease, which it gives the TTL at most.
 	sessCtx, endSess := context.WithCancel(context.WithoutCancel(ctx))
 	defer endSess()
-	sess, err := concurrency.NewSession(c.etcd, concurrency.WithLease(lease.ID), concurrency.WithTTL(int(ttl)), concurrency.WithContext(sessCtx))
+	sess, err := concurrency.NewSession(c.etcd, concurrency.WithLease(lease),
+		concurrency.WithTTL(int(c.cfg.ElectionTTL/time.Second)), concurrency.WithContext(sessCtx))
 	if err != nil {
 		return fmt.Errorf("election session: %w", err)
 	}
@@ -152,6 +141,26 @@ func (c *Coordinator) campaign(ctx context.Context, self string) error {
 		return fmt.Errorf("campaign: %w", err)
 	}
 	return c.lead(live, el, self)
+}
+
+// grantLease grants the election session's lease. It is granted here
+// rather than by NewSession, whose context also keeps the lease alive: the
+// grant must end at shutdown and give up on an etcd it cannot reach (or
+// that refuses its certificate), so that the failure is logged instead of
+// waited for silently.
+func (c *Coordinator) grantLease(ctx context.Context) (clientv3.LeaseID, error) {
+	ctx, cancel := context.WithTimeout(ctx, leaseGrantTimeout)
+	defer cancel()
+	lease, err := c.etcd.Grant(ctx, int64(c.cfg.ElectionTTL/time.Second))
+	if errors.Is(err, context.DeadlineExceeded) {
+		// The client retries silently: say what usually causes it.
+		return 0, fmt.Errorf("election lease: no answer from etcd at %s within %v (unreachable, or refusing this coordinator's TLS settings): %w",
+			strings.Join(c.cfg.Etcd.Endpoints, ","), leaseGrantTimeout, err)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("election lease: %w", err)
+	}
+	return lease.ID, nil
 }
 
 // observe tells the gate the leader's address as it changes, for the

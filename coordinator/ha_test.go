@@ -14,6 +14,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/status"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
@@ -90,6 +91,7 @@ func TestEtcdLeaderHandsOverOnShutdown(t *testing.T) {
 	}
 	wantLeaderGauge(t, first.MetricsAddr(), 1)
 	wantLeaderGauge(t, second.MetricsAddr(), 0)
+	wantReflection(t, second.Addr())
 
 	stopped := time.Now()
 	first.Stop()
@@ -104,6 +106,30 @@ func TestEtcdLeaderHandsOverOnShutdown(t *testing.T) {
 		t.Fatalf("GetRun on the new leader = %v, %v; want the run", got.GetRun(), err)
 	}
 	wantLeaderGauge(t, second.MetricsAddr(), 1)
+}
+
+// wantReflection checks that server reflection at addr lists RunService:
+// a follower's gate leaves reflection alone.
+func wantReflection(t *testing.T, addr string) {
+	t.Helper()
+	refl, err := reflectionpb.NewServerReflectionClient(dial(t, addr)).ServerReflectionInfo(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = refl.CloseSend() }()
+	if err := refl.Send(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{}}); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := refl.Recv()
+	if err != nil {
+		t.Fatalf("reflection on a follower: %v", err)
+	}
+	for _, svc := range resp.GetListServicesResponse().GetService() {
+		if svc.GetName() == "snapcoord.v1.RunService" {
+			return
+		}
+	}
+	t.Errorf("reflection on a follower lists %v, without snapcoord.v1.RunService", resp.GetListServicesResponse().GetService())
 }
 
 // wantLeaderGauge checks the snapcoord_leader gauge on a /metrics page.

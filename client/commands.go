@@ -52,7 +52,7 @@ func (w *Worker) follow(ctx context.Context) error {
 			return err
 		}
 		failures++
-		if !sleep(ctx, w.c.retry.followWait(failures)) {
+		if !pause(ctx, w.c.conn, w.c.retry.followWait(failures)) {
 			return nil
 		}
 	}

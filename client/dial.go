@@ -134,7 +134,7 @@ func Dial(addr string, opts ...Option) (*Client, error) {
 	auth := bearer{admin: cfg.adminToken, run: cfg.runToken}
 	dialOpts := []grpc.DialOption{
 		grpc.WithTransportCredentials(creds),
-		grpc.WithChainUnaryInterceptor(auth.unary, cfg.retry.unaryInterceptor(), notLeaderInterceptor(cfg.retry)),
+		grpc.WithChainUnaryInterceptor(auth.unary, cfg.retry.unaryInterceptor()),
 		grpc.WithChainStreamInterceptor(auth.stream),
 		grpc.WithConnectParams(connectParams),
 		// Notice a dead coordinator under an idle command stream. 30 s is

@@ -58,7 +58,7 @@ func (c *Client) WatchEvents(ctx context.Context, runID string, afterSeq int64, 
 			return fmt.Errorf("client: watch run %s: %w", runID, err)
 		}
 		failures++
-		if failures >= c.retry.MaxAttempts || !sleep(ctx, c.retry.backoff(failures)) {
+		if failures >= c.retry.MaxAttempts || !pause(ctx, c.conn, c.retry.backoff(failures)) {
 			return fmt.Errorf("client: watch run %s: %w", runID, err)
 		}
 	}

@@ -2,13 +2,14 @@ package client
 
 import (
 	"context"
+	"slices"
 	"time"
 
-	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/retry"
-	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/selector"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/status"
 
 	"github.com/snapcoord/snapcoord/rpcfacts"
 )
@@ -18,8 +19,14 @@ import (
 // down), with exponential backoff and jitter, until MaxAttempts or the
 // call's context ends.
 //
+// A wait ends early when the connection gets a coordinator to send the call
+// to (over several addresses: a leader serving; over one: the coordinator
+// back up), so a failover or a restart costs a call no more than it takes
+// the coordinator to serve again (see pause).
+//
 // A worker following its commands re-opens its stream (or polls again) with
-// the same backoff, but at most 1 s apart, whatever Max says.
+// the same backoff, but at most 1 s apart, whatever Max says; an event
+// watch and Worker.ReportSnapshot wait alike.
 //
 // Not retried: RESOURCE_EXHAUSTED (a limit such as max runs does not lift
 // by itself), DEADLINE_EXCEEDED (the caller's own deadline), and every other
@@ -64,38 +71,73 @@ func (p RetryPolicy) followWait(failures uint) time.Duration {
 // after a lost reply does no harm). The Python client reads the same facts.
 var retried = rpcfacts.Set(rpcfacts.RetrySafe)
 
-// unaryInterceptor applies the policy to the methods in retried only.
+// unaryInterceptor retries, with the policy, the unary calls that are safe
+// to make again: those in retried on every UNAVAILABLE, and every other call
+// that a follower refused (NotLeader), since it refused it before doing
+// anything, so a repeat cannot do twice what was done once. Between
+// attempts it waits as pause does: the backoff, cut short when the
+// connection gets a coordinator to send the call to.
 func (p RetryPolicy) unaryInterceptor() grpc.UnaryClientInterceptor {
 	if p.MaxAttempts <= 1 {
 		return passUnary
 	}
-	r := retry.UnaryClientInterceptor(
-		retry.WithMax(p.MaxAttempts),
-		retry.WithCodes(codes.Unavailable),
-		retry.WithBackoff(retry.BackoffExponentialWithJitterBounded(p.Base, p.Jitter, p.Max)),
-	)
-	return selector.UnaryClientInterceptor(r, selector.MatchFunc(func(_ context.Context, c interceptors.CallMeta) bool {
-		return retried[c.FullMethod()]
-	}))
+	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		once := slices.ContainsFunc(opts, func(o grpc.CallOption) bool { _, ok := o.(noRetryOption); return ok })
+		for attempt := uint(1); ; attempt++ {
+			err := invoker(ctx, method, req, reply, cc, opts...)
+			if err == nil || once || attempt >= p.MaxAttempts || !retriable(method, err) {
+				return err
+			}
+			if !pause(ctx, cc, p.backoff(attempt)) {
+				return status.FromContextError(ctx.Err()).Err()
+			}
+		}
+	}
 }
 
-// notLeaderInterceptor retries, with the policy, the unary calls outside
-// retried that a follower refused (NotLeader): it refused them before doing
-// anything, so a repeat cannot do twice what was done once. The calls in
-// retried are retried on every UNAVAILABLE, NOT_LEADER included, by
-// unaryInterceptor.
-func notLeaderInterceptor(p RetryPolicy) grpc.UnaryClientInterceptor {
-	if p.MaxAttempts <= 1 {
-		return passUnary
+// retriable reports whether method may be made again after failing with err.
+func retriable(method string, err error) bool {
+	if retried[method] {
+		return status.Code(err) == codes.Unavailable
 	}
-	r := retry.UnaryClientInterceptor(
-		retry.WithMax(p.MaxAttempts),
-		retry.WithRetriable(func(err error) bool { _, ok := NotLeader(err); return ok }),
-		retry.WithBackoff(retry.BackoffExponentialWithJitterBounded(p.Base, p.Jitter, p.Max)),
-	)
-	return selector.UnaryClientInterceptor(r, selector.MatchFunc(func(_ context.Context, c interceptors.CallMeta) bool {
-		return !retried[c.FullMethod()]
-	}))
+	_, ok := NotLeader(err)
+	return ok
+}
+
+// pause waits d before a failed attempt is made again, or less: until the
+// connection turns READY after it was not, during the wait. READY means a
+// coordinator to send calls to: over several addresses, one whose health is
+// SERVING, i.e. the leader (leaderServiceConfig); over one address, a
+// connection made. So the attempt after a failover or a restart goes out the
+// moment a coordinator can answer it, not up to a backoff later (a backoff
+// grown through the outage), while attempts during the outage stay as far
+// apart as before: pause never waits longer than d, nor makes an attempt
+// sooner unless the connection came up. A connection READY throughout (the
+// coordinator itself answered UNAVAILABLE: draining, its store failing) waits
+// all of d. It reports whether ctx is still live.
+//
+// Why not grpc.WaitForReady on the next attempt instead: the attempt would
+// need a deadline of its own to keep the wait bounded, and that deadline
+// would also cut the call short once sent (a long poll, a slow commit); and
+// the loops that follow streams and polls are not unary retries.
+func pause(ctx context.Context, conn *grpc.ClientConn, d time.Duration) bool {
+	waitCtx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	state := conn.GetState()
+	down := state != connectivity.Ready
+	for {
+		if state == connectivity.Idle {
+			conn.Connect() // one address: reconnect now, not at the next attempt
+		}
+		if !conn.WaitForStateChange(waitCtx, state) {
+			return ctx.Err() == nil
+		}
+		state = conn.GetState()
+		if state == connectivity.Ready && down {
+			return true
+		}
+		down = state != connectivity.Ready
+	}
 }
 
 func passUnary(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
@@ -105,4 +147,7 @@ func passUnary(ctx context.Context, method string, req, reply any, cc *grpc.Clie
 // noRetry is for the worker helper's periodic calls (heartbeats, polls,
 // re-registration): the next tick is their retry, and an interceptor that
 // held one for 20 s would delay everything behind it.
-var noRetry = retry.Disable()
+var noRetry grpc.CallOption = noRetryOption{}
+
+// noRetryOption marks a call unaryInterceptor makes once; gRPC ignores it.
+type noRetryOption struct{ grpc.EmptyCallOption }

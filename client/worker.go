@@ -218,7 +218,7 @@ func (w *Worker) ReportSnapshot(ctx context.Context, snapshotID string, outcome 
 		if err == nil {
 			return resp.GetRunState(), nil
 		}
-		if status.Code(err) != codes.Unavailable || !sleep(ctx, w.c.retry.backoff(attempt)) {
+		if status.Code(err) != codes.Unavailable || !pause(ctx, w.c.conn, w.c.retry.backoff(attempt)) {
 			return 0, fmt.Errorf("client: report snapshot %s: %w", snapshotID, err)
 		}
 	}

@@ -1,0 +1,135 @@
+package client_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+	"github.com/snapcoord/snapcoord/client"
+	"github.com/snapcoord/snapcoord/internal/fakefollower"
+)
+
+// attempts records the attempts of one method, as an interceptor inside the
+// client's retries sees them.
+type attempts struct {
+	method string
+	mu     sync.Mutex
+	errs   []error
+	failed chan struct{} // closed when the first attempt has failed
+}
+
+func newAttempts(method string) *attempts {
+	return &attempts{method: method, failed: make(chan struct{})}
+}
+
+func (a *attempts) note(method string, err error) {
+	if method != a.method {
+		return
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.errs = append(a.errs, err)
+	if len(a.errs) == 1 && err != nil {
+		close(a.failed)
+	}
+}
+
+func (a *attempts) unary(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	err := invoker(ctx, method, req, reply, cc, opts...)
+	a.note(method, err)
+	return err
+}
+
+func (a *attempts) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	s, err := streamer(ctx, desc, cc, method, opts...)
+	a.note(method, err)
+	return s, err
+}
+
+func (a *attempts) all() []error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return append([]error(nil), a.errs...)
+}
+
+// A call made while no coordinator in the list leads (a follower, and the
+// leader stopped) is made again the moment the leader serves: with a
+// backoff of an hour, only the connection turning READY can let the retry
+// out before the test's minute is up. Waiting for the leader costs no
+// attempts: exactly one retry is made. Unary retries, an event watch and a
+// worker's snapshot report (which the worker repeats until answered) wait
+// alike.
+func TestRetryGoesOutWhenALeaderServes(t *testing.T) {
+	hour := client.WithRetry(client.RetryPolicy{MaxAttempts: 2, Base: time.Hour, Max: time.Hour})
+	for _, tc := range []struct {
+		name   string
+		method string
+		// prepare runs while the leader serves; call once it is stopped.
+		prepare func(t *testing.T, admin, runClient *client.Client) (call func(ctx context.Context) error)
+	}{
+		{name: "unary retry", method: v1.RunService_GetRun_FullMethodName,
+			prepare: func(_ *testing.T, admin, _ *client.Client) func(context.Context) error {
+				return func(ctx context.Context) error {
+					_, err := admin.Runs.GetRun(ctx, &v1.GetRunRequest{RunId: "r1"})
+					return err
+				}
+			}},
+		{name: "event watch", method: v1.RunService_WatchRun_FullMethodName,
+			prepare: func(_ *testing.T, admin, _ *client.Client) func(context.Context) error {
+				return func(ctx context.Context) error {
+					return admin.WatchEvents(ctx, "r1", 0, false, func(*v1.RunEvent) error { return nil })
+				}
+			}},
+		{name: "snapshot report", method: v1.WorkerService_ReportSnapshot_FullMethodName,
+			prepare: func(t *testing.T, admin, runClient *client.Client) func(context.Context) error {
+				w := startEnvWorker(t, runClient, "r1", false)
+				if _, err := admin.Runs.TriggerDeadline(t.Context(), &v1.TriggerDeadlineRequest{RunId: "r1", Reason: "test"}); err != nil {
+					t.Fatalf("TriggerDeadline: %v", err)
+				}
+				save := nextCommand(t, w).GetSaveAtDeadline()
+				return func(ctx context.Context) error {
+					_, err := w.ReportSnapshot(ctx, save.GetSnapshotId(), v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SAVED, 0, "ok")
+					return err
+				}
+			}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			co := startCoordinator(t)
+			f := fakefollower.Start(t, fakefollower.Options{})
+			list := f.Addr() + "," + co.addr
+			seen := newAttempts(tc.method)
+			counted := client.WithDialOptions(grpc.WithChainUnaryInterceptor(seen.unary), grpc.WithChainStreamInterceptor(seen.stream))
+			admin := dialList(t, list, "", hour, counted)
+			created, err := admin.Runs.CreateRun(t.Context(), &v1.CreateRunRequest{RunId: "r1", Spec: turnSpec(1)})
+			if err != nil {
+				t.Fatalf("CreateRun: %v", err)
+			}
+			call := tc.prepare(t, admin, dialList(t, list, created.GetRunToken(), hour, counted))
+
+			co.shutdown()
+			ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+			defer cancel()
+			done := make(chan error, 1)
+			go func() { done <- call(ctx) }()
+			select {
+			case <-seen.failed:
+			case err := <-done:
+				t.Fatalf("with no leader serving, the call ended before its first attempt failed: %v", err)
+			}
+			co.serve()
+			if err := <-done; err != nil {
+				t.Fatalf("the call, once the leader served again: %v; want it made again then, not an hour later", err)
+			}
+			errs := seen.all()
+			if len(errs) != 2 || status.Code(errs[0]) != codes.Unavailable || errs[1] != nil {
+				t.Errorf("attempts: %v; want one UNAVAILABLE while no leader served, then one that succeeded", errs)
+			}
+		})
+	}
+}

@@ -42,8 +42,10 @@
 // # Retries
 //
 // Unary calls that are safe to repeat are retried on UNAVAILABLE with
-// jittered exponential backoff (RetryPolicy; go-grpc-middleware's retry
-// interceptor). Safe to repeat are reads, UpdateDeadline, CancelRun,
+// jittered exponential backoff (RetryPolicy), and a wait ends as soon as
+// the connection has a coordinator to send the call to (after a restart,
+// or a leader serving after a failover), so a call goes through within
+// milliseconds of that, not a backoff later. Safe to repeat are reads, UpdateDeadline, CancelRun,
 // RegisterWorker, Heartbeat, DeregisterWorker, CompleteStep and every
 // report, because the coordinator deduplicates them, and CreateRun, whose
 // repeat before any worker registered gets a new run token (the one in a
@@ -51,7 +53,8 @@
 // after a lost reply could report "already fired" for a call that worked.
 // Streams are resumed from their last sequence number instead of re-sent.
 // A worker re-opens its command stream (or polls again) with the policy's
-// backoff but at most 1 s apart, and the connection reconnects as often: a
-// worker hears a command within about a second of a restarted coordinator
-// coming back, however long it was down.
+// backoff but at most 1 s apart, and at once when the connection comes up
+// (the connection itself reconnects at most 1 s apart): a worker hears a
+// command within about a second of a restarted coordinator coming back,
+// however long it was down.
 package client

@@ -71,6 +71,7 @@ run: build ## Run the coordinator with its defaults (127.0.0.1:7070, data in ./d
 # no root to install them) stops at once, before any build.
 test: ## Run all tests: Go with the race detector, then the Python client's against bin/snapcoord.
 	scripts/deps-python.sh
+	scripts/deps-etcd.sh
 	$(MAKE) build
 	$(GO) test -race -count=1 -timeout 15m ./...
 	SNAPCOORD_BIN='$(CURDIR)/bin/snapcoord' PYTHONDONTWRITEBYTECODE=1 \

@@ -91,16 +91,30 @@ func (c *coordinator) restart() {
 	c.serve()
 }
 
+// moveTo stops the coordinator and starts it again on the same data
+// directory at addr, as if another machine took over its data.
+func (c *coordinator) moveTo(addr string) {
+	c.shutdown()
+	c.addr, c.cfg.Listen = addr, addr
+	c.serve()
+}
+
 // dial returns a client with the admin token and the run token (may be
 // empty), closed at cleanup.
 func (c *coordinator) dial(runToken string, opts ...client.Option) *client.Client {
 	c.t.Helper()
+	return dialList(c.t, c.addr, runToken, opts...)
+}
+
+// dialList is dial to a comma-separated address list.
+func dialList(t *testing.T, list, runToken string, opts ...client.Option) *client.Client {
+	t.Helper()
 	opts = append([]client.Option{client.WithInsecure(), client.WithRunToken(runToken), client.WithToken(adminToken)}, opts...)
-	cl, err := client.Dial(c.addr, opts...)
+	cl, err := client.Dial(list, opts...)
 	if err != nil {
-		c.t.Fatalf("Dial: %v", err)
+		t.Fatalf("Dial: %v", err)
 	}
-	c.t.Cleanup(func() { _ = cl.Close() })
+	t.Cleanup(func() { _ = cl.Close() })
 	return cl
 }
 

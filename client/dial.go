@@ -74,7 +74,8 @@ func WithInsecure() Option { return func(c *dialConfig) { c.insecure = true } }
 
 // WithRetry replaces DefaultRetryPolicy. Zero Base or Max take the
 // default's; MaxAttempts 0 or 1 disables retries (the worker helper still
-// resumes its streams and polls, with Base and Max as its backoff).
+// resumes its streams and polls, and Worker.ReportSnapshot still retries
+// until its context ends, with Base and Max as their backoff).
 func WithRetry(p RetryPolicy) Option {
 	return func(c *dialConfig) {
 		if p.Base <= 0 {
@@ -108,8 +109,10 @@ var connectParams = grpc.ConnectParams{
 	MinConnectTimeout: 5 * time.Second,
 }
 
-// Dial connects to the coordinator at addr ("host:port"). The connection is
-// made lazily: Dial fails only on bad options, not on an unreachable server.
+// Dial connects to the coordinator at addr ("host:port"), or to the one
+// that leads among several: addr may list them, comma-separated
+// ("a:7070,b:7070,c:7070"; see leaderTarget). The connection is made
+// lazily: Dial fails only on bad options, not on an unreachable server.
 func Dial(addr string, opts ...Option) (*Client, error) {
 	cfg := dialConfig{retry: DefaultRetryPolicy}
 	for _, o := range opts {
@@ -124,17 +127,22 @@ func Dial(addr string, opts ...Option) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
+	target, targetOpts, err := dialTarget(addr)
+	if err != nil {
+		return nil, err
+	}
 	auth := bearer{admin: cfg.adminToken, run: cfg.runToken}
 	dialOpts := []grpc.DialOption{
 		grpc.WithTransportCredentials(creds),
-		grpc.WithChainUnaryInterceptor(auth.unary, cfg.retry.unaryInterceptor()),
+		grpc.WithChainUnaryInterceptor(auth.unary, cfg.retry.unaryInterceptor(), notLeaderInterceptor(cfg.retry)),
 		grpc.WithChainStreamInterceptor(auth.stream),
 		grpc.WithConnectParams(connectParams),
 		// Notice a dead coordinator under an idle command stream. 30 s is
 		// above the server's minimum ping interval (10 s).
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 30 * time.Second, Timeout: 10 * time.Second, PermitWithoutStream: true}),
 	}
-	conn, err := grpc.NewClient(addr, append(dialOpts, cfg.extra...)...)
+	dialOpts = append(dialOpts, targetOpts...)
+	conn, err := grpc.NewClient(target, append(dialOpts, cfg.extra...)...)
 	if err != nil {
 		return nil, fmt.Errorf("client: dial %s: %w", addr, err)
 	}

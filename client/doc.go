@@ -21,7 +21,23 @@
 // falling back to long polling when streaming fails; they resume after the
 // last delivered sequence number across disconnects and coordinator
 // restarts, register again when their lease lapsed or the coordinator
-// dropped them, and deregister on Close.
+// dropped them, and deregister on Close. If the coordinator says their
+// resume point lies past the end of its log (OUT_OF_RANGE: its state was
+// restored or replaced), they read the log again from where a new process
+// would start, skipping the commands they already delivered; WatchEvents
+// does the same from 0.
+//
+// # Several coordinators
+//
+// Dial takes a comma-separated list of addresses ("a:7070,b:7070,c:7070")
+// for coordinators that share an etcd prefix, of which one leads. The
+// client connects to all of them and sends every call to the one whose
+// gRPC health reports WorkerService SERVING: the leader (followers report
+// NOT_SERVING; a coordinator on bbolt reports SERVING). After a failover
+// calls go to the new leader as soon as it says it serves. A call that
+// still meets a follower (UNAVAILABLE with ErrorInfo reason NOT_LEADER,
+// see NotLeader) is made again whatever its method: the follower did
+// nothing. A single address is dialed exactly as before.
 //
 // # Retries
 //

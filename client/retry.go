@@ -79,6 +79,25 @@ func (p RetryPolicy) unaryInterceptor() grpc.UnaryClientInterceptor {
 	}))
 }
 
+// notLeaderInterceptor retries, with the policy, the unary calls outside
+// retried that a follower refused (NotLeader): it refused them before doing
+// anything, so a repeat cannot do twice what was done once. The calls in
+// retried are retried on every UNAVAILABLE, NOT_LEADER included, by
+// unaryInterceptor.
+func notLeaderInterceptor(p RetryPolicy) grpc.UnaryClientInterceptor {
+	if p.MaxAttempts <= 1 {
+		return passUnary
+	}
+	r := retry.UnaryClientInterceptor(
+		retry.WithMax(p.MaxAttempts),
+		retry.WithRetriable(func(err error) bool { _, ok := NotLeader(err); return ok }),
+		retry.WithBackoff(retry.BackoffExponentialWithJitterBounded(p.Base, p.Jitter, p.Max)),
+	)
+	return selector.UnaryClientInterceptor(r, selector.MatchFunc(func(_ context.Context, c interceptors.CallMeta) bool {
+		return !retried[c.FullMethod()]
+	}))
+}
+
 func passUnary(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 	return invoker(ctx, method, req, reply, cc, opts...)
 }

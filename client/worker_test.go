@@ -91,12 +91,39 @@ func TestWorkerReceivesCommands(t *testing.T) {
 }
 
 // A coordinator restart between two commands: the worker resumes after the
-// last seq it delivered, so it gets every later command exactly once.
+// last seq it delivered, so it gets every later command exactly once. So
+// does one whose coordinator comes back on another address of its list (a
+// failover), streaming or polling.
 func TestWorkerResumesAfterCoordinatorRestart(t *testing.T) {
-	co := startCoordinator(t)
-	cl := co.createRun("r1", turnSpec(1))
-	admin := co.dial("")
-	env := startEnvWorker(t, cl, "r1", false)
+	for _, tc := range []struct {
+		name      string
+		elsewhere bool // the coordinator comes back on the list's other address
+		poll      bool
+	}{
+		{name: "same address"},
+		{name: "another address of the list", elsewhere: true},
+		{name: "another address of the list, polling", elsewhere: true, poll: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			co := startCoordinator(t)
+			list, restart := co.addr, co.restart
+			if tc.elsewhere {
+				other := freeAddr(t)
+				list, restart = co.addr+","+other, func() { co.moveTo(other) }
+			}
+			resumeAcross(t, list, tc.poll, restart)
+		})
+	}
+}
+
+func resumeAcross(t *testing.T, list string, poll bool, restart func()) {
+	admin := dialList(t, list, "")
+	created, err := admin.Runs.CreateRun(t.Context(), &v1.CreateRunRequest{RunId: "r1", Spec: turnSpec(1)})
+	if err != nil {
+		t.Fatalf("CreateRun: %v", err)
+	}
+	cl := dialList(t, list, created.GetRunToken())
+	env := startEnvWorker(t, cl, "r1", poll)
 	trainer, err := cl.StartTrainer(t.Context(), client.TrainerConfig{RunID: "r1", Rank: 0, Logger: testLogger(t)})
 	if err != nil {
 		t.Fatalf("StartTrainer: %v", err)
@@ -123,7 +150,12 @@ func TestWorkerResumesAfterCoordinatorRestart(t *testing.T) {
 		t.Fatalf("ReportSnapshot: %v", err)
 	}
 
-	co.restart()
+	restart()
+	// TriggerDeadline is not retried: wait for the coordinator with a read
+	// that is, as an operator would try again.
+	if _, err := admin.Runs.GetRun(t.Context(), &v1.GetRunRequest{RunId: "r1"}); err != nil {
+		t.Fatalf("GetRun after the restart: %v", err)
+	}
 
 	// Step 2 fires the deadline by hand; its checkpoint is followed by the
 	// deadline snapshot, delivered over the resumed stream.

@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"log/slog"
+	"net"
 	"os"
 	"time"
 
@@ -17,8 +18,22 @@ import (
 type Config struct {
 	// Listen is the gRPC address; port 0 picks a free one (see Addr).
 	Listen string
+	// Store is where state is kept: StoreBbolt, a file in DataDir, or
+	// StoreEtcd, an etcd cluster shared by coordinators that elect a
+	// leader among themselves.
+	Store StoreKind
 	// DataDir holds the store file snapcoord.db (created 0700 if missing).
 	DataDir string
+	// Etcd is the cluster of StoreEtcd.
+	Etcd EtcdConfig
+	// AdvertiseAddr is the address clients reach this coordinator at, told
+	// to them by the other coordinators while this one leads; empty: the
+	// listening address (which must then not be a wildcard).
+	AdvertiseAddr string
+	// ElectionTTL is the lease of this coordinator's election session: a
+	// leader that stops renewing it is deposed this long after. Whole
+	// seconds (etcd leases count in seconds).
+	ElectionTTL time.Duration
 	// LockTimeout bounds the wait for another process to release DataDir.
 	LockTimeout time.Duration
 	// DrainTimeout bounds how long in-flight RPCs may take to finish in Run.
@@ -94,6 +109,27 @@ type TestHooks struct {
 	ServerOptions []grpc.ServerOption
 }
 
+// StoreKind names a store backend.
+type StoreKind string
+
+// Values of Config.Store.
+const (
+	StoreBbolt StoreKind = "bbolt"
+	StoreEtcd  StoreKind = "etcd"
+)
+
+// EtcdConfig is how to reach etcd. With CAFile the connection is TLS; with
+// CertFile and KeyFile as well, mutual TLS.
+type EtcdConfig struct {
+	Endpoints []string // host:port of the members
+	// Prefix is the key prefix of this coordinator group's state and
+	// election (<Prefix>/leader).
+	Prefix   string
+	CAFile   string
+	CertFile string
+	KeyFile  string
+}
+
 // Reflection says who may use server reflection.
 type Reflection string
 
@@ -109,8 +145,14 @@ const (
 // one place the serve defaults are written down.
 func Defaults() Config {
 	return Config{
-		Listen:                   "127.0.0.1:7070",
-		DataDir:                  "./data",
+		Listen:  "127.0.0.1:7070",
+		Store:   StoreBbolt,
+		DataDir: "./data",
+		Etcd:    EtcdConfig{Prefix: "/snapcoord"},
+		// A dead leader is replaced within about this long; a shorter
+		// lease would depose a leader for a pause of the garbage collector
+		// or a slow etcd member.
+		ElectionTTL:              5 * time.Second,
 		LockTimeout:              time.Second,
 		DrainTimeout:             10 * time.Second,
 		HeartbeatInterval:        5 * time.Second,
@@ -159,4 +201,24 @@ func (c Config) ReflectionAccess() (serve, open bool) {
 // itself stays open, as Prometheus scrapes it.)
 func (c Config) StatusPageAllowed(adminTokens int) bool {
 	return adminTokens > 0 || c.Insecure || loopback.Is(c.MetricsListen)
+}
+
+// Reachable reports whether a listening address is one a client can dial:
+// it names a host, and not a wildcard (":7070", "0.0.0.0:7070", "[::]:7070").
+func Reachable(listen string) bool {
+	host, _, err := net.SplitHostPort(listen)
+	if err != nil || host == "" {
+		return false
+	}
+	ip := net.ParseIP(host)
+	return ip == nil || !ip.IsUnspecified()
+}
+
+// advertise is the address other coordinators name as this one's while it
+// leads: AdvertiseAddr, or the address it listens on (addr, port resolved).
+func (c Config) advertise(addr string) string {
+	if c.AdvertiseAddr != "" {
+		return c.AdvertiseAddr
+	}
+	return addr
 }

@@ -1,7 +1,9 @@
 // Package coordinator assembles the whole snapcoord coordinator from one
-// Config: telemetry, the bbolt store, the engine, authentication, the gRPC
-// server with its full interceptor chain, the metrics and status page
-// listener, and the background loops (health watch, credential reload).
+// Config: telemetry, the store and the engine (a bbolt file, or etcd with
+// a leader election and an engine per term led, see election.go), the
+// follower gate, authentication, the gRPC server with its full interceptor
+// chain, the metrics and status page listener, and the background loops
+// (health watch, credential reload, election).
 // It owns their order: New acquires them, Start listens, Shutdown drains
 // the RPCs in flight and then releases everything in reverse.
 //
@@ -19,9 +21,12 @@ import (
 	"path/filepath"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/snapcoord/snapcoord/server/auth"
 	"github.com/snapcoord/snapcoord/server/engine"
 	"github.com/snapcoord/snapcoord/server/grpcserver"
+	"github.com/snapcoord/snapcoord/server/leader"
 	"github.com/snapcoord/snapcoord/server/telemetry"
 	"github.com/snapcoord/snapcoord/store"
 )
@@ -31,11 +36,15 @@ const StoreFile = "snapcoord.db"
 
 // Coordinator is an assembled coordinator.
 type Coordinator struct {
-	cfg   Config
-	log   *slog.Logger
-	tel   *telemetry.Telemetry
-	db    *store.DB
-	eng   *engine.Engine
+	cfg Config
+	log *slog.Logger
+	tel *telemetry.Telemetry
+	db  *store.DB      // nil with the etcd store
+	eng *engine.Engine // the bbolt store's engine; with etcd, each term has its own
+	// gate lets RunService and WorkerService calls through to the engine
+	// while this coordinator leads; with bbolt it always does.
+	gate  *leader.Gate
+	etcd  *clientv3.Client // with the etcd store
 	authn *auth.Authenticator
 	tlsr  *auth.TLSReloader // nil without TLS
 	srv   *grpcserver.Server
@@ -58,23 +67,36 @@ func New(ctx context.Context, cfg Config) (_ *Coordinator, err error) {
 	if c.log == nil {
 		c.log = slog.New(slog.DiscardHandler)
 	}
+	c.gate = leader.New(func(leading bool) { c.srv.SetLeading(leading) })
 	defer func() {
 		if err != nil {
 			c.release()
 		}
 	}()
-	if err := c.openStorage(ctx); err != nil {
+	if err := c.openTelemetry(ctx); err != nil {
+		return nil, err
+	}
+	if c.cfg.Store == StoreEtcd {
+		err = c.connectEtcd()
+	} else {
+		err = c.openBbolt(ctx)
+	}
+	if err != nil {
 		return nil, err
 	}
 	if err := c.buildServer(); err != nil {
 		return nil, err
 	}
+	if c.eng != nil {
+		// A coordinator alone on its store leads it for good.
+		c.gate.Lead(c.eng, c.cfg.Listen)
+	}
 	return c, nil
 }
 
-// openStorage brings up telemetry, the store and the engine, in that
-// order: the store and engine report to telemetry until they close.
-func (c *Coordinator) openStorage(ctx context.Context) error {
+// openTelemetry comes first: the store and engines report to telemetry
+// until they close.
+func (c *Coordinator) openTelemetry(ctx context.Context) error {
 	lookupEnv := c.cfg.LookupEnv
 	if lookupEnv == nil {
 		lookupEnv = func(string) (string, bool) { return "", false }
@@ -85,11 +107,26 @@ func (c *Coordinator) openStorage(ctx context.Context) error {
 	}
 	c.tel = tel
 	c.defer_(c.shutdownTelemetry)
-	if c.db, err = openStore(c.cfg, tel.OnCommit); err != nil {
+	return tel.ObserveEngine(c.gate.Stats)
+}
+
+// openBbolt opens the data file and loads the engine from it.
+func (c *Coordinator) openBbolt(ctx context.Context) (err error) {
+	if c.db, err = openStore(c.cfg, c.tel.OnCommit); err != nil {
 		return err
 	}
 	c.defer_(c.closeStore)
-	c.eng, err = engine.New(ctx, c.db, engine.Options{
+	if c.eng, err = c.loadEngine(ctx, c.db); err != nil {
+		return fmt.Errorf("load state from %s: %w", c.cfg.DataDir, err)
+	}
+	c.defer_(c.eng.Close)
+	return nil
+}
+
+// loadEngine builds an engine over st, loading every run: at start with
+// bbolt, at each term won with etcd, the same restart either way.
+func (c *Coordinator) loadEngine(ctx context.Context, st store.Store) (*engine.Engine, error) {
+	return engine.New(ctx, st, engine.Options{
 		Clock:                c.cfg.Test.Clock,
 		Logger:               c.log,
 		HeartbeatInterval:    c.cfg.HeartbeatInterval,
@@ -100,13 +137,8 @@ func (c *Coordinator) openStorage(ctx context.Context) error {
 		MaxWorkersPerRun:     c.cfg.MaxWorkersPerRun,
 		MaxEventsPerRun:      c.cfg.MaxEventsPerRun,
 		FinishedRunRetention: c.cfg.FinishedRunRetention,
-		Observer:             tel,
+		Observer:             c.tel,
 	})
-	if err != nil {
-		return fmt.Errorf("load state from %s: %w", c.cfg.DataDir, err)
-	}
-	c.defer_(c.eng.Close)
-	return tel.ObserveEngine(c.eng.Stats)
 }
 
 // openStore opens the data file. A second coordinator on the same directory
@@ -136,8 +168,16 @@ func (c *Coordinator) Start() error {
 	}
 	c.startLoops()
 	c.lis, c.addr, c.served = lis, lis.Addr().String(), make(chan error, 1)
-	c.log.Info("serving", "addr", c.addr, "data_dir", c.cfg.DataDir)
+	if c.etcd != nil {
+		c.log.Info("serving", "addr", c.addr, "store", StoreEtcd, "etcd_prefix", c.cfg.Etcd.Prefix)
+	} else {
+		c.log.Info("serving", "addr", c.addr, "data_dir", c.cfg.DataDir)
+	}
 	go func() { c.served <- c.srv.Serve(lis) }()
+	if c.etcd != nil {
+		// Health, reflection and the metrics stay up on a follower.
+		c.startElection(c.cfg.advertise(c.addr))
+	}
 	return nil
 }
 
@@ -194,11 +234,17 @@ func (c *Coordinator) Addr() string { return c.addr }
 // MetricsAddr is the metrics listener's address; empty when it is off.
 func (c *Coordinator) MetricsAddr() string { return c.metricsAddr }
 
-// Engine is the coordinator's engine, for tests that inspect its state.
-func (c *Coordinator) Engine() *engine.Engine { return c.eng }
+// Engine is the coordinator's engine, for tests that inspect its state;
+// with etcd, the current term's, nil while following.
+func (c *Coordinator) Engine() *engine.Engine { return c.gate.Current() }
 
-// Store is the coordinator's store, for tests that check what it holds.
+// Store is the coordinator's bbolt store, for tests that check what it
+// holds; nil with etcd.
 func (c *Coordinator) Store() *store.DB { return c.db }
+
+// Leader is the address of its group's leader as this coordinator knows
+// it, and whether that is itself.
+func (c *Coordinator) Leader() (addr string, self bool) { return c.gate.Leader() }
 
 // Server is the gRPC server, for tests of its health reporting.
 func (c *Coordinator) Server() *grpcserver.Server { return c.srv }

@@ -119,12 +119,15 @@ func (r *credentialReloader) start(tick <-chan time.Time, hup <-chan os.Signal) 
 // startLoops starts the background loops that Shutdown stops: the health
 // watch and the credential reload.
 func (c *Coordinator) startLoops() {
-	ticker := time.NewTicker(healthPollInterval)
-	stopHealth := startHealthWatch(c.eng, c.srv, ticker.C)
-	c.defer_(func() {
-		stopHealth()
-		ticker.Stop()
-	})
+	if c.eng != nil {
+		// With etcd, a term whose engine fails ends instead (see lead).
+		ticker := time.NewTicker(healthPollInterval)
+		stopHealth := startHealthWatch(c.eng, c.srv, ticker.C)
+		c.defer_(func() {
+			stopHealth()
+			ticker.Stop()
+		})
+	}
 	var tick <-chan time.Time
 	var reloadTicker *time.Ticker
 	if c.cfg.CredentialsCheckInterval > 0 {

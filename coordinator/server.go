@@ -47,7 +47,7 @@ func (c *Coordinator) buildServer() error {
 		return err
 	}
 	serveReflection, openReflection := c.cfg.ReflectionAccess()
-	if c.authn, err = auth.New(auth.Options{AdminTokens: tokens, Runs: c.eng, OpenReflection: openReflection}); err != nil {
+	if c.authn, err = auth.New(auth.Options{AdminTokens: tokens, Runs: c.gate, OpenReflection: openReflection}); err != nil {
 		return err
 	}
 	if c.cfg.TLSCert != "" {
@@ -57,19 +57,21 @@ func (c *Coordinator) buildServer() error {
 	}
 	c.adminTokens = len(tokens)
 	c.logSecurity(serveReflection, openReflection)
-	if c.srv, err = grpcserver.New(c.serverConfig(serveReflection), c.eng, c.log); err != nil {
+	if c.srv, err = grpcserver.New(c.serverConfig(serveReflection), c.gate, c.log); err != nil {
 		return err
 	}
 	return c.tel.ObserveLive(telemetry.LiveView{
-		Runs: c.eng.LiveRuns, Serving: c.srv.Serving, Now: time.Now,
-		CommitFailed: func() bool { return c.eng.Healthy() != nil },
+		Runs: c.gate.LiveRuns, Serving: c.srv.Serving, Now: time.Now,
+		CommitFailed: func() bool { return c.gate.Healthy() != nil },
 	})
 }
 
 // serverConfig is the interceptor chain around grpcserver's own (drain,
 // validation, recovery), in go-grpc-middleware's examples/server order: the
 // otelgrpc stats handler sees everything, then logging (so a refused call
-// is logged with its code), then authentication. Test hooks go outermost.
+// is logged with its code), then the follower gate (before authentication,
+// which needs the leader's engine for run tokens), then authentication.
+// Test hooks go outermost.
 func (c *Coordinator) serverConfig(serveReflection bool) grpcserver.Config {
 	opts := []grpc.ServerOption{grpc.StatsHandler(c.tel.StatsHandler())}
 	if c.tlsr != nil {
@@ -87,9 +89,9 @@ func (c *Coordinator) serverConfig(serveReflection bool) grpcserver.Config {
 		KeepaliveTimeout:         c.cfg.KeepaliveTimeout,
 		DisableReflection:        !serveReflection,
 		UnaryInterceptors: append(append([]grpc.UnaryServerInterceptor{}, hooks.UnaryInterceptors...),
-			telemetry.RPCLoggingUnary(c.log), c.authn.UnaryServerInterceptor()),
+			telemetry.RPCLoggingUnary(c.log), c.gate.UnaryServerInterceptor(), c.authn.UnaryServerInterceptor()),
 		StreamInterceptors: append(append([]grpc.StreamServerInterceptor{}, hooks.StreamInterceptors...),
-			telemetry.RPCLoggingStream(c.log), c.authn.StreamServerInterceptor()),
+			telemetry.RPCLoggingStream(c.log), c.gate.StreamServerInterceptor(), c.authn.StreamServerInterceptor()),
 		ServerOptions: append(opts, hooks.ServerOptions...),
 	}
 }
@@ -124,7 +126,7 @@ func (c *Coordinator) logSecurity(serveReflection, openReflection bool) {
 func (c *Coordinator) startMetrics() error {
 	var page http.Handler
 	if c.cfg.StatusPageAllowed(c.adminTokens) {
-		page = statuspage.New(statuspage.Options{Runs: c.eng, Admit: c.authn, Logger: c.log})
+		page = statuspage.New(statuspage.Options{Runs: c.gate, Admit: c.authn, Logger: c.log})
 	} else {
 		c.log.Warn("status page off: no admin token is configured and --metrics-listen is not loopback; configure an admin token or pass --insecure")
 	}

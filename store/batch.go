@@ -18,29 +18,35 @@ const keySep = 0x00
 
 var marshalOpts = proto.MarshalOptions{Deterministic: true}
 
-type opKind uint8
+// OpKind is what an Op does.
+type OpKind uint8
 
 const (
-	opPut opKind = iota
-	opPutIfAbsent
-	opDelete
-	opDeleteThrough
+	// OpPut stores Val under Key.
+	OpPut OpKind = iota
+	// OpPutIfAbsent stores Val under Key unless Key is already stored.
+	OpPutIfAbsent
+	// OpDelete deletes Key.
+	OpDelete
+	// OpDeleteThrough deletes every key that starts with Key (a run's
+	// prefix) and is not above Val; every such key if Val is nil.
+	OpDeleteThrough
 )
 
-// op is one change. For opDeleteThrough, key is the run's prefix and val
-// the last key to delete (nil: every key with the prefix).
-type op struct {
-	kind   opKind
-	bucket bucketID
-	key    []byte
-	val    []byte
+// Op is one change of a Batch, as a backend applies it. Ops apply in
+// order: a later one wins over an earlier one on the same key.
+type Op struct {
+	Kind   OpKind
+	Bucket Bucket
+	Key    []byte
+	Val    []byte
 }
 
 // Batch collects changes that commit atomically. Puts marshal at once, so
 // the caller may mutate its messages right after. A Batch is built by one
 // goroutine and submitted once.
 type Batch struct {
-	ops []op
+	ops []Op
 	// err is the first invalid Put; the batch then fails at commit.
 	err error
 }
@@ -89,7 +95,7 @@ func (b *Batch) PutSnapshotReport(runID, snapshotID string, r *snapcoordv1.Snaps
 		b.fail(fmt.Errorf("store: snapshot id %q contains a NUL byte", snapshotID))
 		return
 	}
-	b.add(opPutIfAbsent, idReports, reportKey(runID, snapshotID, r.GetWorkerId()), r)
+	b.add(OpPutIfAbsent, idReports, reportKey(runID, snapshotID, r.GetWorkerId()), r)
 }
 
 // PutEvent stores an event of a run.
@@ -108,11 +114,11 @@ func (b *Batch) DeleteEventsThrough(runID string, seq int64) {
 	if seq < 0 || !b.checkRunID(runID) {
 		return // sequence numbers are never negative, so nothing matches
 	}
-	b.ops = append(b.ops, op{
-		kind:   opDeleteThrough,
-		bucket: idEvents,
-		key:    runPrefix(runID),
-		val:    seqKey(runID, seq),
+	b.ops = append(b.ops, Op{
+		Kind:   OpDeleteThrough,
+		Bucket: idEvents,
+		Key:    runPrefix(runID),
+		Val:    seqKey(runID, seq),
 	})
 }
 
@@ -122,16 +128,23 @@ func (b *Batch) DeleteRun(runID string) {
 	if !b.checkRunID(runID) {
 		return
 	}
-	for _, bucket := range []bucketID{idSteps, idWorkers, idSnapshots, idReports, idEvents, idCommands} {
-		b.ops = append(b.ops, op{kind: opDeleteThrough, bucket: bucket, key: runPrefix(runID)})
+	for _, bucket := range []Bucket{idSteps, idWorkers, idSnapshots, idReports, idEvents, idCommands} {
+		b.ops = append(b.ops, Op{Kind: OpDeleteThrough, Bucket: bucket, Key: runPrefix(runID)})
 	}
-	b.ops = append(b.ops, op{kind: opDelete, bucket: idRuns, key: []byte(runID)})
+	b.ops = append(b.ops, Op{Kind: OpDelete, Bucket: idRuns, Key: []byte(runID)})
 }
 
 // Len returns the number of changes in the batch.
 func (b *Batch) Len() int { return len(b.ops) }
 
-func (b *Batch) putSeq(bucket bucketID, runID, what string, n int64, m proto.Message) {
+// Ops returns the batch's changes in order, for a backend to apply; the
+// caller must not modify them.
+func (b *Batch) Ops() []Op { return b.ops }
+
+// Err is the batch's first invalid change, which fails its commit.
+func (b *Batch) Err() error { return b.err }
+
+func (b *Batch) putSeq(bucket Bucket, runID, what string, n int64, m proto.Message) {
 	if n < 0 {
 		// A negative number would sort after every positive one.
 		b.fail(fmt.Errorf("store: run %q: negative %s %d", runID, what, n))
@@ -142,17 +155,17 @@ func (b *Batch) putSeq(bucket bucketID, runID, what string, n int64, m proto.Mes
 	}
 }
 
-func (b *Batch) put(bucket bucketID, key []byte, m proto.Message) {
-	b.add(opPut, bucket, key, m)
+func (b *Batch) put(bucket Bucket, key []byte, m proto.Message) {
+	b.add(OpPut, bucket, key, m)
 }
 
-func (b *Batch) add(kind opKind, bucket bucketID, key []byte, m proto.Message) {
+func (b *Batch) add(kind OpKind, bucket Bucket, key []byte, m proto.Message) {
 	val, err := marshalOpts.Marshal(m)
 	if err != nil {
-		b.fail(fmt.Errorf("store: marshal %s %q: %w", allBuckets[bucket], key, err))
+		b.fail(fmt.Errorf("store: marshal %s %q: %w", bucket, key, err))
 		return
 	}
-	b.ops = append(b.ops, op{kind: kind, bucket: bucket, key: key, val: val})
+	b.ops = append(b.ops, Op{Kind: kind, Bucket: bucket, Key: key, Val: val})
 }
 
 // checkRunID rejects run ids that would break the key layout. An empty id

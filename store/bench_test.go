@@ -1,4 +1,4 @@
-package store
+package store_test
 
 import (
 	"context"
@@ -9,13 +9,14 @@ import (
 
 	storagev1 "github.com/snapcoord/snapcoord/api/snapcoord/storage/v1"
 	snapcoordv1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+	"github.com/snapcoord/snapcoord/store"
 )
 
 // benchDB opens a store with one run and counts commits.
-func benchDB(b *testing.B) (*DB, *atomic.Int64) {
+func benchDB(b *testing.B) (*store.DB, *atomic.Int64) {
 	commits := new(atomic.Int64)
-	db := mustOpen(b, tempPath(b), Options{OnCommit: func(int, time.Duration) { commits.Add(1) }})
-	setup := &Batch{}
+	db := mustOpen(b, tempPath(b), store.Options{OnCommit: func(int, time.Duration) { commits.Add(1) }})
+	setup := &store.Batch{}
 	setup.PutRun(runRecord("bench"))
 	mustCommit(b, db, setup)
 	commits.Store(0)
@@ -23,8 +24,8 @@ func benchDB(b *testing.B) (*DB, *atomic.Int64) {
 }
 
 // benchBatch is a typical report: a worker update and an event.
-func benchBatch(seq int64) *Batch {
-	b := &Batch{}
+func benchBatch(seq int64) *store.Batch {
+	b := &store.Batch{}
 	b.PutWorker("bench", &snapcoordv1.Worker{WorkerId: "w", Rank: 3, Incarnation: seq})
 	b.PutEvent("bench", event(seq, "worker reported"))
 	return b
@@ -71,12 +72,12 @@ func BenchmarkSubmitSerial(b *testing.B) {
 
 // BenchmarkLoad reads 1000 runs with 100 workers each.
 func BenchmarkLoad(b *testing.B) {
-	db := mustOpen(b, tempPath(b), Options{})
+	db := mustOpen(b, tempPath(b), store.Options{})
 	writeManyRuns(b, db, 1000, 100)
 	ctx := context.Background()
 	b.ResetTimer()
 	for range b.N {
-		if _, err := db.Load(ctx, Everything); err != nil {
+		if _, err := db.Load(ctx, store.Everything); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -86,12 +87,12 @@ func BenchmarkLoad(b *testing.B) {
 // events, 10,000 steps, 1,000 workers) in one commit: the time every other
 // commit waits when a finished run's retention ends.
 func BenchmarkDeleteRun(b *testing.B) {
-	db := mustOpen(b, tempPath(b), Options{})
+	db := mustOpen(b, tempPath(b), store.Options{})
 	ctx := context.Background()
 	for i := range b.N {
 		b.StopTimer()
 		id := fmt.Sprintf("run-%d", i)
-		setup := &Batch{}
+		setup := &store.Batch{}
 		setup.PutRun(runRecord(id))
 		for n := range int64(100_000) {
 			setup.PutEvent(id, event(n, "step decided: continue"))
@@ -103,7 +104,7 @@ func BenchmarkDeleteRun(b *testing.B) {
 			setup.PutWorker(id, &snapcoordv1.Worker{WorkerId: fmt.Sprintf("w%d", w), Name: "env"})
 		}
 		mustCommit(b, db, setup)
-		del := &Batch{}
+		del := &store.Batch{}
 		del.DeleteRun(id)
 		b.StartTimer()
 		if err := db.Submit(del).Wait(ctx); err != nil {

@@ -1,12 +1,10 @@
 package store
 
 import (
-	"bytes"
 	"context"
 	"fmt"
+	"sync"
 	"time"
-
-	bolt "go.etcd.io/bbolt"
 )
 
 // Pending is a submitted batch on its way to disk.
@@ -44,36 +42,95 @@ func (p *Pending) finish(err error) {
 	close(p.done)
 }
 
+// ApplyFunc makes a group of batches durable, all or nothing, in order. It
+// is called by one goroutine at a time, with no empty and no invalid batch.
+type ApplyFunc func(group []*Batch) error
+
+// CommitOptions tunes a Committer. The zero value is usable.
+type CommitOptions struct {
+	// MaxBatches caps one group; default 4096.
+	MaxBatches int
+	// OnCommit, if set, is called by the committer after each successful
+	// commit with the number of batches it carried and its duration. It runs
+	// on the committer goroutine, so it must be quick and must not wait for
+	// a Submit.
+	OnCommit func(batches int, d time.Duration)
+}
+
+// Committer is the group commit every backend shares: one goroutine hands
+// every batch queued at that moment to the backend's ApplyFunc at once, so
+// concurrent writers share one durable write while a lone writer never
+// waits for company. The first failure poisons it: the writers' memory is
+// then ahead of the store, so every later batch fails with the same error.
+type Committer struct {
+	apply ApplyFunc
+	opts  CommitOptions
+
+	// mu orders Submit against Close: a Submit holding the read lock may
+	// still send on queue; Close takes the write lock before closing it.
+	mu     sync.RWMutex
+	closed bool
+	queue  chan *Pending
+
+	done      chan struct{}
+	closeOnce sync.Once
+}
+
+// NewCommitter starts a committer over apply; Close stops it.
+func NewCommitter(apply ApplyFunc, opts CommitOptions) *Committer {
+	if opts.MaxBatches <= 0 {
+		opts.MaxBatches = defaultMaxBatches
+	}
+	c := &Committer{apply: apply, opts: opts, queue: make(chan *Pending, queueSize), done: make(chan struct{})}
+	go c.loop()
+	return c
+}
+
 // Submit queues b for the next group commit and returns at once, unless the
 // queue is full. Batches become durable in Submit order: when one's Done
 // closes, every batch submitted before it is durable too. b must not be
 // used afterwards.
-func (db *DB) Submit(b *Batch) *Pending {
+func (c *Committer) Submit(b *Batch) *Pending {
 	if b == nil {
 		b = &Batch{}
 	}
 	p := &Pending{batch: b, done: make(chan struct{})}
-	db.mu.RLock()
-	defer db.mu.RUnlock()
-	if db.closed {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	if c.closed {
 		p.finish(ErrClosed)
 		return p
 	}
 	// Even empty batches queue, so their Done keeps Submit order.
-	db.queue <- p
+	c.queue <- p
 	return p
 }
 
-// commitLoop is the only writer after Open. It never waits for more work
-// than is already queued, so a lone writer commits immediately.
-func (db *DB) commitLoop() {
-	defer close(db.committerDone)
+// Close waits for every submitted batch to commit or fail and stops the
+// committer. Later calls return at once.
+func (c *Committer) Close() {
+	c.closeOnce.Do(func() {
+		c.mu.Lock()
+		c.closed = true
+		close(c.queue)
+		c.mu.Unlock()
+	})
+	<-c.done
+}
+
+// loop is the only writer. It never waits for more work than is already
+// queued, so a lone writer commits immediately.
+func (c *Committer) loop() {
+	defer close(c.done)
 	var poison error
-	group := make([]*Pending, 0, db.opts.MaxBatchesPerCommit)
-	for first := range db.queue {
-		group = db.collect(append(group[:0], first))
+	group := make([]*Pending, 0, c.opts.MaxBatches)
+	var work []*Batch
+	for first := range c.queue {
+		group = c.collect(append(group[:0], first))
 		if poison == nil {
-			poison = db.commit(group)
+			work = appendWork(work[:0], group)
+			poison = c.commit(work)
+			clear(work)
 		}
 		for _, p := range group {
 			p.finish(poison)
@@ -83,10 +140,10 @@ func (db *DB) commitLoop() {
 }
 
 // collect adds whatever else is queued right now, up to the cap.
-func (db *DB) collect(group []*Pending) []*Pending {
-	for len(group) < db.opts.MaxBatchesPerCommit {
+func (c *Committer) collect(group []*Pending) []*Pending {
+	for len(group) < c.opts.MaxBatches {
 		select {
-		case p, ok := <-db.queue:
+		case p, ok := <-c.queue:
 			if !ok {
 				return group
 			}
@@ -98,85 +155,35 @@ func (db *DB) collect(group []*Pending) []*Pending {
 	return group
 }
 
-// commit applies the group in one transaction. Its error poisons the DB.
-func (db *DB) commit(group []*Pending) error {
-	n := countWork(group)
-	if n == 0 {
-		return nil // only empty batches: nothing to write or fsync
-	}
-	start := time.Now()
-	db.commitMu.Lock()
-	err := db.bolt.Update(func(tx *bolt.Tx) error { return apply(tx, group) })
-	db.commitMu.Unlock()
-	if err != nil {
-		return fmt.Errorf("%w: %w", ErrCommitFailed, err)
-	}
-	if db.opts.OnCommit != nil {
-		db.opts.OnCommit(n, time.Since(start))
-	}
-	return nil
-}
-
-// countWork counts batches that need the transaction; an invalid batch
-// counts because it must fail it.
-func countWork(group []*Pending) int {
-	n := 0
+// appendWork appends the batches that need a write; an invalid batch
+// counts because it must fail the group.
+func appendWork(work []*Batch, group []*Pending) []*Batch {
 	for _, p := range group {
 		if p.batch.Len() > 0 || p.batch.err != nil {
-			n++
+			work = append(work, p.batch)
 		}
 	}
-	return n
+	return work
 }
 
-func apply(tx *bolt.Tx, group []*Pending) error {
-	var buckets [len(allBuckets)]*bolt.Bucket
-	for i, name := range allBuckets {
-		buckets[i] = tx.Bucket(name)
+// commit applies the work in one group. Its error poisons the committer.
+func (c *Committer) commit(work []*Batch) error {
+	if len(work) == 0 {
+		return nil // only empty batches: nothing to write
 	}
-	for _, p := range group {
-		if p.batch.err != nil {
+	for _, b := range work {
+		if b.err != nil {
 			// The caller already changed its memory; failing the whole
-			// commit is as wrong-footed as any other commit failure.
-			return p.batch.err
-		}
-		for _, o := range p.batch.ops {
-			if err := applyOp(buckets[o.bucket], o); err != nil {
-				return fmt.Errorf("%s %q: %w", allBuckets[o.bucket], o.key, err)
-			}
+			// group is as wrong-footed as any other commit failure.
+			return fmt.Errorf("%w: %w", ErrCommitFailed, b.err)
 		}
 	}
-	return nil
-}
-
-func applyOp(b *bolt.Bucket, o op) error {
-	switch o.kind {
-	case opPut:
-		return b.Put(o.key, o.val)
-	case opPutIfAbsent:
-		if b.Get(o.key) != nil {
-			return nil
-		}
-		return b.Put(o.key, o.val)
-	case opDelete:
-		return b.Delete(o.key)
+	start := time.Now()
+	if err := c.apply(work); err != nil {
+		return fmt.Errorf("%w: %w", ErrCommitFailed, err)
 	}
-	return deleteRange(b, o.key, o.val)
-}
-
-// deleteRange deletes keys with the prefix up to and including last, or
-// all of them if last is nil. Keys are copied first: deleting under a live
-// cursor can skip entries.
-func deleteRange(b *bolt.Bucket, prefix, last []byte) error {
-	var doomed [][]byte
-	c := b.Cursor()
-	for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix) && (last == nil || bytes.Compare(k, last) <= 0); k, _ = c.Next() {
-		doomed = append(doomed, bytes.Clone(k))
-	}
-	for _, k := range doomed {
-		if err := b.Delete(k); err != nil {
-			return err
-		}
+	if c.opts.OnCommit != nil {
+		c.opts.OnCommit(len(work), time.Since(start))
 	}
 	return nil
 }

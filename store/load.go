@@ -8,7 +8,6 @@ import (
 	"math"
 	"slices"
 
-	bolt "go.etcd.io/bbolt"
 	"google.golang.org/protobuf/proto"
 
 	storagev1 "github.com/snapcoord/snapcoord/api/snapcoord/storage/v1"
@@ -39,15 +38,42 @@ type Window struct{ Steps, Events int64 }
 // Everything makes Load read every step and event of every run.
 var Everything = Window{Steps: math.MaxInt64, Events: math.MaxInt64}
 
-// Load reads every run, sorted by run id, in one read transaction, with
-// its steps and events in the window (see RunData). A record that does not
+// KV is one consistent read view of the store's buckets: a bbolt read
+// transaction, or one etcd revision. A value is valid only until the
+// View's function returns.
+type KV interface {
+	// Get returns key's value in bucket b; nil if it is not stored.
+	Get(ctx context.Context, b Bucket, key []byte) ([]byte, error)
+	// Scan calls fn with the keys of bucket b that start with prefix and
+	// are not below from, in byte order, until fn returns false or an error.
+	Scan(ctx context.Context, b Bucket, prefix, from []byte, fn func(k, v []byte) (bool, error)) error
+}
+
+// Viewer opens read views; every backend is one.
+type Viewer interface {
+	// View runs fn over one consistent view of the store.
+	View(ctx context.Context, fn func(KV) error) error
+}
+
+// Reader is the reads of a Store (Load, Events, Step, Snapshots,
+// SnapshotReport) over a backend's Viewer, so that every backend decodes
+// the same records the same way.
+type Reader struct{ Viewer Viewer }
+
+// each calls fn for every record of bucket b whose key starts with prefix.
+func each(ctx context.Context, kv KV, b Bucket, prefix []byte, fn func(k, v []byte) error) error {
+	return kv.Scan(ctx, b, prefix, nil, func(k, v []byte) (bool, error) { return true, fn(k, v) })
+}
+
+// Load reads every run, sorted by run id, from one view, with its steps
+// and events in the window (see RunData). A record that does not
 // unmarshal, or belongs to no stored run, is an error: skipping it would
 // silently drop state.
-func (db *DB) Load(ctx context.Context, w Window) ([]*RunData, error) {
+func (r Reader) Load(ctx context.Context, w Window) ([]*RunData, error) {
 	var runs []*RunData
-	err := db.bolt.View(func(tx *bolt.Tx) error {
+	err := r.Viewer.View(ctx, func(kv KV) error {
 		var err error
-		runs, err = loadTx(ctx, tx, w)
+		runs, err = loadView(ctx, kv, w)
 		return err
 	})
 	if err != nil {
@@ -56,31 +82,31 @@ func (db *DB) Load(ctx context.Context, w Window) ([]*RunData, error) {
 	return runs, nil
 }
 
-func loadTx(ctx context.Context, tx *bolt.Tx, w Window) ([]*RunData, error) {
-	runs, byID, err := loadRuns(tx)
+func loadView(ctx context.Context, tx KV, w Window) ([]*RunData, error) {
+	runs, byID, err := loadRuns(ctx, tx)
 	if err != nil {
 		return nil, err
 	}
 	children := []func() error{
 		func() error {
-			return loadChildren(tx, bucketSteps, byID, bySeq(bucketSteps, func(rd *RunData, step int64) bool {
+			return loadChildren(ctx, tx, idSteps, byID, bySeq(idSteps, func(rd *RunData, step int64) bool {
 				run := rd.Record.GetRun()
 				return step > run.GetLastStep()-w.Steps || step == run.GetFiredAtStep()
 			}), func(rd *RunData, m *storagev1.StepRecord) { rd.Steps = append(rd.Steps, m) })
 		},
 		func() error {
-			return loadChildren(tx, bucketWorkers, byID, nil, func(rd *RunData, m *snapcoordv1.Worker) { rd.Workers = append(rd.Workers, m) })
+			return loadChildren(ctx, tx, idWorkers, byID, nil, func(rd *RunData, m *snapcoordv1.Worker) { rd.Workers = append(rd.Workers, m) })
 		},
 		func() error {
-			return loadChildren(tx, bucketSnapshots, byID, nil, func(rd *RunData, m *snapcoordv1.Snapshot) { rd.Snapshots = append(rd.Snapshots, m) })
+			return loadChildren(ctx, tx, idSnapshots, byID, nil, func(rd *RunData, m *snapcoordv1.Snapshot) { rd.Snapshots = append(rd.Snapshots, m) })
 		},
 		func() error {
-			return loadChildren(tx, bucketEvents, byID, bySeq(bucketEvents, func(rd *RunData, seq int64) bool {
+			return loadChildren(ctx, tx, idEvents, byID, bySeq(idEvents, func(rd *RunData, seq int64) bool {
 				return seq > rd.Record.GetRun().GetLastEventSeq()-w.Events
 			}), func(rd *RunData, m *snapcoordv1.RunEvent) { rd.Events = append(rd.Events, m) })
 		},
 		func() error {
-			return loadChildren(tx, bucketCommands, byID, nil, func(rd *RunData, m *snapcoordv1.Command) { rd.Commands = append(rd.Commands, m) })
+			return loadChildren(ctx, tx, idCommands, byID, nil, func(rd *RunData, m *snapcoordv1.Command) { rd.Commands = append(rd.Commands, m) })
 		},
 	}
 	for _, load := range children {
@@ -91,14 +117,14 @@ func loadTx(ctx context.Context, tx *bolt.Tx, w Window) ([]*RunData, error) {
 			return nil, err
 		}
 	}
-	if err := loadReports(tx, byID); err != nil {
+	if err := loadReports(ctx, tx, byID); err != nil {
 		return nil, err
 	}
 	return runs, nil
 }
 
 // bySeq is a keep for loadChildren of a bucket keyed by sequence number.
-func bySeq(bucket []byte, keep func(rd *RunData, n int64) bool) func(*RunData, []byte) (bool, error) {
+func bySeq(bucket Bucket, keep func(rd *RunData, n int64) bool) func(*RunData, []byte) (bool, error) {
 	return func(rd *RunData, k []byte) (bool, error) {
 		n, err := seqOf(bucket, k)
 		return err == nil && keep(rd, n), err
@@ -106,7 +132,7 @@ func bySeq(bucket []byte, keep func(rd *RunData, n int64) bool) func(*RunData, [
 }
 
 // seqOf is the sequence number of a seqKey.
-func seqOf(bucket, k []byte) (int64, error) {
+func seqOf(bucket Bucket, k []byte) (int64, error) {
 	n := k[bytes.IndexByte(k, keySep)+1:]
 	if len(n) != 8 {
 		return 0, fmt.Errorf("store: bucket %s key %q: not a sequence number", bucket, k)
@@ -116,42 +142,43 @@ func seqOf(bucket, k []byte) (int64, error) {
 
 // Events reads up to limit of the run's stored events after seq after and
 // up to upTo, by seq.
-func (db *DB) Events(runID string, after, upTo int64, limit int) ([]*snapcoordv1.RunEvent, error) {
+func (r Reader) Events(runID string, after, upTo int64, limit int) ([]*snapcoordv1.RunEvent, error) {
 	var evs []*snapcoordv1.RunEvent
-	err := db.bolt.View(func(tx *bolt.Tx) error {
-		prefix := runPrefix(runID)
-		c := tx.Bucket(bucketEvents).Cursor()
-		for k, v := c.Seek(seqKey(runID, after+1)); k != nil && bytes.HasPrefix(k, prefix) && len(evs) < limit; k, v = c.Next() {
-			seq, err := seqOf(bucketEvents, k)
-			if err != nil {
-				return err
-			}
-			if seq > upTo {
-				break
+	ctx := context.Background()
+	err := r.Viewer.View(ctx, func(kv KV) error {
+		evs = nil // a view may run fn again
+		if limit <= 0 {
+			return nil
+		}
+		return kv.Scan(ctx, idEvents, runPrefix(runID), seqKey(runID, after+1), func(k, v []byte) (bool, error) {
+			seq, err := seqOf(idEvents, k)
+			if err != nil || seq > upTo {
+				return false, err
 			}
 			ev := &snapcoordv1.RunEvent{}
 			if err := proto.Unmarshal(v, ev); err != nil {
-				return fmt.Errorf("store: bucket %s key %q: %w", bucketEvents, k, err)
+				return false, fmt.Errorf("store: bucket %s key %q: %w", idEvents, k, err)
 			}
 			evs = append(evs, ev)
-		}
-		return nil
+			return len(evs) < limit, nil
+		})
 	})
 	return evs, err
 }
 
 // Step reads one step of a run; nil if it is not stored.
-func (db *DB) Step(runID string, step int64) (*storagev1.StepRecord, error) {
+func (r Reader) Step(runID string, step int64) (*storagev1.StepRecord, error) {
 	var st *storagev1.StepRecord
-	err := db.bolt.View(func(tx *bolt.Tx) error {
+	ctx := context.Background()
+	err := r.Viewer.View(ctx, func(kv KV) error {
 		k := seqKey(runID, step)
-		v := tx.Bucket(bucketSteps).Get(k)
-		if v == nil {
-			return nil
+		v, err := kv.Get(ctx, idSteps, k)
+		if v == nil || err != nil {
+			return err
 		}
 		st = &storagev1.StepRecord{}
 		if err := proto.Unmarshal(v, st); err != nil {
-			return fmt.Errorf("store: bucket %s key %q: %w", bucketSteps, k, err)
+			return fmt.Errorf("store: bucket %s key %q: %w", idSteps, k, err)
 		}
 		return nil
 	})
@@ -164,7 +191,7 @@ func (db *DB) Step(runID string, step int64) (*storagev1.StepRecord, error) {
 // for: a long run's reports would otherwise all be held in memory (about
 // 2 MB per snapshot of 10,000 workers). Every report must still belong to a
 // stored snapshot. Keys are run id, keySep, snapshot id, keySep, worker id.
-func loadReports(tx *bolt.Tx, byID map[string]*RunData) error {
+func loadReports(ctx context.Context, tx KV, byID map[string]*RunData) error {
 	snaps := map[string]*snapcoordv1.Snapshot{}
 	for id, rd := range byID {
 		for _, s := range rd.Snapshots {
@@ -174,11 +201,11 @@ func loadReports(tx *bolt.Tx, byID map[string]*RunData) error {
 			snaps[id+"\x00"+s.SnapshotId] = s
 		}
 	}
-	err := tx.Bucket(bucketReports).ForEach(func(k, v []byte) error {
+	err := each(ctx, tx, idReports, nil, func(k, v []byte) error {
 		i := bytes.LastIndexByte(k, keySep)
 		s := snaps[string(k[:max(i, 0)])]
 		if i < 0 || s == nil {
-			return fmt.Errorf("store: bucket %s key %q: report of unknown snapshot", bucketReports, k)
+			return fmt.Errorf("store: bucket %s key %q: report of unknown snapshot", idReports, k)
 		}
 		if s.CompletedAt != nil {
 			return nil
@@ -196,7 +223,7 @@ func loadReports(tx *bolt.Tx, byID map[string]*RunData) error {
 func unmarshalReport(k, v []byte) (*snapcoordv1.SnapshotReport, error) {
 	rep := &snapcoordv1.SnapshotReport{}
 	if err := proto.Unmarshal(v, rep); err != nil {
-		return nil, fmt.Errorf("store: bucket %s key %q: %w", bucketReports, k, err)
+		return nil, fmt.Errorf("store: bucket %s key %q: %w", idReports, k, err)
 	}
 	return rep, nil
 }
@@ -213,13 +240,13 @@ func sortReports(reps []*snapcoordv1.SnapshotReport) {
 // their reports in the order reported, and passes them to yield in the
 // order given until it returns false. They come from one read transaction,
 // so from one commit. A snapshot not stored is an error.
-func (db *DB) Snapshots(ctx context.Context, runID string, ids []string, yield func(*snapcoordv1.Snapshot) bool) error {
-	return db.bolt.View(func(tx *bolt.Tx) error {
+func (r Reader) Snapshots(ctx context.Context, runID string, ids []string, yield func(*snapcoordv1.Snapshot) bool) error {
+	return r.Viewer.View(ctx, func(tx KV) error {
 		for _, id := range ids {
 			if err := ctx.Err(); err != nil {
 				return err
 			}
-			s, err := readSnapshot(tx, runID, id)
+			s, err := readSnapshot(ctx, tx, runID, id)
 			if err != nil {
 				return err
 			}
@@ -233,53 +260,55 @@ func (db *DB) Snapshots(ctx context.Context, runID string, ids []string, yield f
 
 // SnapshotReport reads one worker's stored report on a snapshot; nil if
 // there is none.
-func (db *DB) SnapshotReport(runID, snapshotID, workerID string) (*snapcoordv1.SnapshotReport, error) {
+func (r Reader) SnapshotReport(runID, snapshotID, workerID string) (*snapcoordv1.SnapshotReport, error) {
 	var rep *snapcoordv1.SnapshotReport
-	err := db.bolt.View(func(tx *bolt.Tx) error {
+	ctx := context.Background()
+	err := r.Viewer.View(ctx, func(tx KV) error {
 		k := reportKey(runID, snapshotID, workerID)
-		v := tx.Bucket(bucketReports).Get(k)
-		if v == nil {
-			return nil
+		v, err := tx.Get(ctx, idReports, k)
+		if v == nil || err != nil {
+			return err
 		}
-		var err error
 		rep, err = unmarshalReport(k, v)
 		return err
 	})
 	return rep, err
 }
 
-func readSnapshot(tx *bolt.Tx, runID, id string) (*snapcoordv1.Snapshot, error) {
+func readSnapshot(ctx context.Context, tx KV, runID, id string) (*snapcoordv1.Snapshot, error) {
 	k := nameKey(runID, id)
-	v := tx.Bucket(bucketSnapshots).Get(k)
+	v, err := tx.Get(ctx, idSnapshots, k)
+	if err != nil {
+		return nil, err
+	}
 	if v == nil {
 		return nil, fmt.Errorf("store: run %q: snapshot %q is not stored", runID, id)
 	}
 	s := &snapcoordv1.Snapshot{}
 	if err := proto.Unmarshal(v, s); err != nil {
-		return nil, fmt.Errorf("store: bucket %s key %q: %w", bucketSnapshots, k, err)
+		return nil, fmt.Errorf("store: bucket %s key %q: %w", idSnapshots, k, err)
 	}
-	prefix := reportKey(runID, id, "")
-	c := tx.Bucket(bucketReports).Cursor()
-	for k, v := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, v = c.Next() {
+	err = each(ctx, tx, idReports, reportKey(runID, id, ""), func(k, v []byte) error {
 		rep, err := unmarshalReport(k, v)
-		if err != nil {
-			return nil, err
-		}
 		s.Reports = append(s.Reports, rep)
+		return err
+	})
+	if err != nil {
+		return nil, err
 	}
 	sortReports(s.Reports)
 	return s, nil
 }
 
-// loadRuns reads the runs bucket; bbolt iterates in key order, which is
-// run id order.
-func loadRuns(tx *bolt.Tx) ([]*RunData, map[string]*RunData, error) {
+// loadRuns reads the runs bucket; a scan is in key order, which is run id
+// order.
+func loadRuns(ctx context.Context, tx KV) ([]*RunData, map[string]*RunData, error) {
 	var runs []*RunData
 	byID := make(map[string]*RunData)
-	err := tx.Bucket(bucketRuns).ForEach(func(k, v []byte) error {
+	err := each(ctx, tx, idRuns, nil, func(k, v []byte) error {
 		rec := &storagev1.RunRecord{}
 		if err := proto.Unmarshal(v, rec); err != nil {
-			return fmt.Errorf("store: bucket %s key %q: %w", bucketRuns, k, err)
+			return fmt.Errorf("store: bucket %s key %q: %w", idRuns, k, err)
 		}
 		rd := &RunData{Record: rec}
 		runs = append(runs, rd)
@@ -294,13 +323,13 @@ func loadRuns(tx *bolt.Tx) ([]*RunData, map[string]*RunData, error) {
 
 // loadChildren reads a per-run bucket, the records keep accepts (all if
 // keep is nil). Keys are run id, keySep, then a big-endian number or a
-// name, so bbolt's order is the order RunData promises. Every key is
+// name, so byte order is the order RunData promises. Every key is
 // checked against its run; only the records kept are unmarshalled.
 func loadChildren[M any, PM interface {
 	*M
 	proto.Message
-}](tx *bolt.Tx, bucket []byte, byID map[string]*RunData, keep func(*RunData, []byte) (bool, error), add func(*RunData, PM)) error {
-	return tx.Bucket(bucket).ForEach(func(k, v []byte) error {
+}](ctx context.Context, tx KV, bucket Bucket, byID map[string]*RunData, keep func(*RunData, []byte) (bool, error), add func(*RunData, PM)) error {
+	return each(ctx, tx, bucket, nil, func(k, v []byte) error {
 		i := bytes.IndexByte(k, keySep)
 		if i < 0 {
 			return fmt.Errorf("store: bucket %s key %q: no run id separator", bucket, k)
@@ -319,27 +348,6 @@ func loadChildren[M any, PM interface {
 			return fmt.Errorf("store: bucket %s key %q: %w", bucket, k, err)
 		}
 		add(rd, m)
-		return nil
-	})
-}
-
-// Check runs bbolt's consistency check and returns its first finding.
-func (db *DB) Check() error {
-	// Commits are held off: the check reads bbolt's freelist, which a
-	// concurrent commit would change under it.
-	db.commitMu.Lock()
-	defer db.commitMu.Unlock()
-	return db.bolt.View(func(tx *bolt.Tx) error {
-		var first error
-		for err := range tx.Check() {
-			if first == nil {
-				first = err
-			}
-			// Keep draining: the checker goroutine blocks until we do.
-		}
-		if first != nil {
-			return fmt.Errorf("store: %s: consistency check: %w", db.path, first)
-		}
 		return nil
 	})
 }

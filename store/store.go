@@ -1,12 +1,17 @@
-// Package store persists snapcoord's state in one bbolt file.
+// Package store persists snapcoord's state: the Store interface the
+// engine holds, the record layout and its decoding, the group commit every
+// backend shares, and the embedded backend, one bbolt file (DB). The etcd
+// backend is store/etcdstore.
 //
 // Writes go through Submit, which group-commits: one committer goroutine
-// applies every batch queued at that moment in a single bbolt transaction, so
-// concurrent writers share one fsync pair while a lone writer never waits for
-// company. Reads happen once, at startup, through Load.
+// applies every batch queued at that moment in a single transaction, so
+// concurrent writers share one durable write while a lone writer never
+// waits for company. State is read once, at startup, through Load; the
+// other reads fetch what memory does not hold.
 package store
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -16,7 +21,29 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
+
+	storagev1 "github.com/snapcoord/snapcoord/api/snapcoord/storage/v1"
+	snapcoordv1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 )
+
+// Store is a backend as the engine holds it: the engine must not know which
+// one it has.
+type Store interface {
+	// Submit queues a batch for the next group commit (see Committer).
+	Submit(b *Batch) *Pending
+	// Load reads every run (see Reader.Load).
+	Load(ctx context.Context, w Window) ([]*RunData, error)
+	// Events reads stored events older than Load's window.
+	Events(runID string, after, upTo int64, limit int) ([]*snapcoordv1.RunEvent, error)
+	// Step reads one step older than Load's window.
+	Step(runID string, step int64) (*storagev1.StepRecord, error)
+	// Snapshots reads snapshots in full, with their reports.
+	Snapshots(ctx context.Context, runID string, ids []string, yield func(*snapcoordv1.Snapshot) bool) error
+	// SnapshotReport reads one worker's stored report on a snapshot.
+	SnapshotReport(runID, snapshotID, workerID string) (*snapcoordv1.SnapshotReport, error)
+	// Close waits for every submitted batch and releases the backend.
+	Close() error
+}
 
 // SchemaVersion is the layout version this binary reads and writes.
 const SchemaVersion = 1
@@ -31,6 +58,10 @@ var (
 	// ErrCommitFailed means a commit failed. The store is then poisoned:
 	// the caller's memory is ahead of the disk, so every later write fails too.
 	ErrCommitFailed = errors.New("store: commit failed; the store accepts no more writes")
+	// ErrFenced means a commit was refused because this process no longer
+	// holds the right to write (another coordinator took over); it comes
+	// wrapped with ErrCommitFailed.
+	ErrFenced = errors.New("store: fenced: another coordinator holds the store")
 )
 
 const (
@@ -49,10 +80,11 @@ var (
 	bucketCommands  = []byte("commands")
 	bucketReports   = []byte("reports")
 
-	keySchemaVersion = []byte("schema_version")
+	// SchemaVersionKey is the key of the schema version in MetaBucket.
+	SchemaVersionKey = []byte("schema_version")
 )
 
-// allBuckets is indexed by bucketID, so batches refer to buckets by number.
+// allBuckets is indexed by Bucket, so batches refer to buckets by number.
 var allBuckets = [...][]byte{
 	idMeta:      bucketMeta,
 	idRuns:      bucketRuns,
@@ -64,10 +96,23 @@ var allBuckets = [...][]byte{
 	idReports:   bucketReports,
 }
 
-type bucketID uint8
+// Bucket is one of the store's key spaces (a bbolt bucket, an etcd key
+// prefix); its String is its name.
+type Bucket uint8
+
+func (b Bucket) String() string { return string(allBuckets[b]) }
+
+// Buckets are every bucket, MetaBucket first.
+func Buckets() []Bucket {
+	bs := make([]Bucket, len(allBuckets))
+	for i := range bs {
+		bs[i] = Bucket(i)
+	}
+	return bs
+}
 
 const (
-	idMeta bucketID = iota
+	idMeta Bucket = iota // MetaBucket
 	idRuns
 	idSteps
 	idWorkers
@@ -76,6 +121,9 @@ const (
 	idCommands
 	idReports
 )
+
+// MetaBucket holds the store's own records: SchemaVersionKey.
+const MetaBucket = idMeta
 
 // migrations[v] upgrades a file from schema version v to v+1 inside the
 // opening transaction. Empty while the layout has never changed; a variable
@@ -107,24 +155,20 @@ func (o Options) withDefaults() Options {
 
 // DB is an open store file.
 type DB struct {
+	Reader
+	*Committer
 	bolt *bolt.DB
 	path string
-	opts Options
-
-	// mu orders Submit against Close: a Submit holding the read lock may
-	// still send on queue; Close takes the write lock before closing it.
-	mu     sync.RWMutex
-	closed bool
-	queue  chan *Pending
 
 	// commitMu keeps Check's read transaction away from commits: bbolt's
 	// check reads the shared freelist without a lock of its own.
 	commitMu sync.Mutex
 
-	committerDone chan struct{}
-	closeOnce     sync.Once
-	closeErr      error
+	closeOnce sync.Once
+	closeErr  error
 }
+
+var _ Store = (*DB)(nil)
 
 // Open opens or creates the store file at path; its directory must exist.
 func Open(path string, opts Options) (*DB, error) {
@@ -140,14 +184,9 @@ func Open(path string, opts Options) (*DB, error) {
 		_ = bdb.Close()
 		return nil, err
 	}
-	db := &DB{
-		bolt:          bdb,
-		path:          path,
-		opts:          opts,
-		queue:         make(chan *Pending, queueSize),
-		committerDone: make(chan struct{}),
-	}
-	go db.commitLoop()
+	db := &DB{bolt: bdb, path: path}
+	db.Reader = Reader{Viewer: db}
+	db.Committer = NewCommitter(db.apply, CommitOptions{MaxBatches: opts.MaxBatchesPerCommit, OnCommit: opts.OnCommit})
 	return db, nil
 }
 
@@ -189,8 +228,7 @@ func prepare(tx *bolt.Tx, path string) error {
 		return err
 	}
 	if v > SchemaVersion {
-		return fmt.Errorf("%w: %s has schema version %d, this binary supports up to %d",
-			ErrNewerSchema, path, v, SchemaVersion)
+		return CheckSchemaVersion(path, v)
 	}
 	if v < SchemaVersion {
 		if err := migrate(tx, v, path); err != nil {
@@ -217,17 +255,40 @@ func createBuckets(tx *bolt.Tx) error {
 }
 
 func readVersion(meta *bolt.Bucket, path string) (uint64, error) {
-	raw := meta.Get(keySchemaVersion)
+	return ParseSchemaVersion(path, meta.Get(SchemaVersionKey))
+}
+
+// ParseSchemaVersion decodes the stored meta/schema_version record of the
+// store named where.
+func ParseSchemaVersion(where string, raw []byte) (uint64, error) {
 	if len(raw) != 8 {
-		return 0, fmt.Errorf("store: %s: meta/schema_version is missing or malformed (%d bytes)", path, len(raw))
+		return 0, fmt.Errorf("store: %s: meta/schema_version is missing or malformed (%d bytes)", where, len(raw))
 	}
 	return binary.BigEndian.Uint64(raw), nil
+}
+
+// CheckSchemaVersion refuses a stored version other than SchemaVersion, for
+// a backend without migrations: a newer one with ErrNewerSchema.
+func CheckSchemaVersion(where string, v uint64) error {
+	switch {
+	case v > SchemaVersion:
+		return fmt.Errorf("%w: %s has schema version %d, this binary supports up to %d",
+			ErrNewerSchema, where, v, SchemaVersion)
+	case v < SchemaVersion:
+		return fmt.Errorf("store: %s: no migration from schema version %d", where, v)
+	}
+	return nil
+}
+
+// SchemaVersionValue is the meta/schema_version record of SchemaVersion.
+func SchemaVersionValue() []byte {
+	return binary.BigEndian.AppendUint64(nil, SchemaVersion)
 }
 
 func writeVersion(tx *bolt.Tx, v uint64) error {
 	var raw [8]byte
 	binary.BigEndian.PutUint64(raw[:], v)
-	if err := tx.Bucket(bucketMeta).Put(keySchemaVersion, raw[:]); err != nil {
+	if err := tx.Bucket(bucketMeta).Put(SchemaVersionKey, raw[:]); err != nil {
 		return fmt.Errorf("store: write schema version: %w", err)
 	}
 	return nil
@@ -253,11 +314,7 @@ func (db *DB) Path() string { return db.path }
 // closes the file. Later calls return the first call's result.
 func (db *DB) Close() error {
 	db.closeOnce.Do(func() {
-		db.mu.Lock()
-		db.closed = true
-		close(db.queue)
-		db.mu.Unlock()
-		<-db.committerDone
+		db.Committer.Close()
 		db.closeErr = db.bolt.Close()
 	})
 	return db.closeErr

@@ -1,11 +1,9 @@
-package store
+package store_test
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -13,55 +11,13 @@ import (
 	"testing"
 	"time"
 
-	bolt "go.etcd.io/bbolt"
-	berrors "go.etcd.io/bbolt/errors"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	storagev1 "github.com/snapcoord/snapcoord/api/snapcoord/storage/v1"
 	snapcoordv1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+	"github.com/snapcoord/snapcoord/store"
 )
-
-func tempPath(t testing.TB) string {
-	return filepath.Join(t.TempDir(), "snapcoord.db")
-}
-
-func mustOpen(t testing.TB, path string, opts Options) *DB {
-	t.Helper()
-	db, err := Open(path, opts)
-	if err != nil {
-		t.Fatalf("Open: %v", err)
-	}
-	t.Cleanup(func() { _ = db.Close() })
-	return db
-}
-
-func mustCommit(t testing.TB, db *DB, b *Batch) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := db.Submit(b).Wait(ctx); err != nil {
-		t.Fatalf("commit: %v", err)
-	}
-}
-
-func mustLoad(t testing.TB, db *DB) []*RunData {
-	t.Helper()
-	runs, err := db.Load(context.Background(), Everything)
-	if err != nil {
-		t.Fatalf("Load: %v", err)
-	}
-	return runs
-}
-
-// reopen closes db and opens its file again, so reads come from disk.
-func reopen(t testing.TB, db *DB) *DB {
-	t.Helper()
-	if err := db.Close(); err != nil {
-		t.Fatalf("Close: %v", err)
-	}
-	return mustOpen(t, db.Path(), Options{})
-}
 
 func runRecord(id string) *storagev1.RunRecord {
 	return &storagev1.RunRecord{
@@ -77,8 +33,14 @@ func event(seq int64, msg string) *snapcoordv1.RunEvent {
 
 // fixture builds a run with children whose insertion order differs from
 // the order Load must return, and the batch that stores it.
-func fixture(id string) (*RunData, *Batch) {
-	want := &RunData{
+func fixture(id string) (*store.RunData, *store.Batch) {
+	b := &store.Batch{}
+	return addFixture(b, id), b
+}
+
+// addFixture adds fixture's run to b and returns it.
+func addFixture(b *store.Batch, id string) *store.RunData {
+	want := &store.RunData{
 		Record: runRecord(id),
 		Steps: []*storagev1.StepRecord{
 			{Step: 0, MaxIterationSeconds: 1.5},
@@ -101,7 +63,6 @@ func fixture(id string) (*RunData, *Batch) {
 			{Seq: 1 << 40},
 		},
 	}
-	b := &Batch{}
 	b.PutRun(want.Record)
 	for i := len(want.Steps) - 1; i >= 0; i-- {
 		b.PutStep(id, want.Steps[i])
@@ -118,10 +79,10 @@ func fixture(id string) (*RunData, *Batch) {
 	for i := len(want.Commands) - 1; i >= 0; i-- {
 		b.PutCommand(id, want.Commands[i])
 	}
-	return want, b
+	return want
 }
 
-func assertRunData(t *testing.T, got, want *RunData) {
+func assertRunData(t *testing.T, got, want *store.RunData) {
 	t.Helper()
 	if !proto.Equal(got.Record, want.Record) {
 		t.Errorf("record: got %v, want %v", got.Record, want.Record)
@@ -146,15 +107,15 @@ func assertMsgs[M proto.Message](t *testing.T, what string, got, want []M) {
 	}
 }
 
-func TestRoundTrip(t *testing.T) {
-	db := mustOpen(t, tempPath(t), Options{})
+func testRoundTrip(t *testing.T, bk *backend) {
+	db := bk.open(t, store.Options{})
 	// "a" is a prefix of "a.b"; the separator must keep them apart.
 	wantAB, bAB := fixture("a.b")
 	wantA, bA := fixture("a")
 	mustCommit(t, db, bAB)
 	mustCommit(t, db, bA)
 
-	db = reopen(t, db)
+	db = bk.reopen(t, db)
 	runs := mustLoad(t, db)
 	if len(runs) != 2 {
 		t.Fatalf("got %d runs, want 2", len(runs))
@@ -163,16 +124,16 @@ func TestRoundTrip(t *testing.T) {
 	assertRunData(t, runs[1], wantAB)
 }
 
-func TestLoadEmpty(t *testing.T) {
-	db := mustOpen(t, tempPath(t), Options{})
+func testLoadEmpty(t *testing.T, bk *backend) {
+	db := bk.open(t, store.Options{})
 	if runs := mustLoad(t, db); len(runs) != 0 {
 		t.Fatalf("got %d runs from a new file", len(runs))
 	}
 }
 
-func TestPutOverwrites(t *testing.T) {
-	db := mustOpen(t, tempPath(t), Options{})
-	b := &Batch{}
+func testPutOverwrites(t *testing.T, bk *backend) {
+	db := bk.open(t, store.Options{})
+	b := &store.Batch{}
 	b.PutRun(runRecord("r"))
 	b.PutWorker("r", &snapcoordv1.Worker{WorkerId: "w", Rank: 1})
 	b.PutWorker("r", &snapcoordv1.Worker{WorkerId: "w", Rank: 2})
@@ -183,9 +144,9 @@ func TestPutOverwrites(t *testing.T) {
 	}
 }
 
-func TestDeleteEventsThrough(t *testing.T) {
-	db := mustOpen(t, tempPath(t), Options{})
-	b := &Batch{}
+func testDeleteEventsThrough(t *testing.T, bk *backend) {
+	db := bk.open(t, store.Options{})
+	b := &store.Batch{}
 	for _, id := range []string{"a", "a.b", "b"} {
 		b.PutRun(runRecord(id))
 		for seq := int64(1); seq <= 5; seq++ {
@@ -194,7 +155,7 @@ func TestDeleteEventsThrough(t *testing.T) {
 	}
 	mustCommit(t, db, b)
 
-	b = &Batch{}
+	b = &store.Batch{}
 	b.DeleteEventsThrough("a", 3)
 	b.DeleteEventsThrough("b", -1) // nothing
 	b.PutEvent("b", event(6, "b"))
@@ -202,7 +163,7 @@ func TestDeleteEventsThrough(t *testing.T) {
 	mustCommit(t, db, b)
 
 	want := map[string][]int64{"a": {4, 5}, "a.b": {1, 2, 3, 4, 5}, "b": {1, 2, 3, 4, 5, 6}}
-	for _, rd := range mustLoad(t, reopen(t, db)) {
+	for _, rd := range mustLoad(t, bk.reopen(t, db)) {
 		var got []int64
 		for _, e := range rd.Events {
 			got = append(got, e.GetSeq())
@@ -214,9 +175,9 @@ func TestDeleteEventsThrough(t *testing.T) {
 	}
 }
 
-func TestDeleteAfterPutInSameBatch(t *testing.T) {
-	db := mustOpen(t, tempPath(t), Options{})
-	b := &Batch{}
+func testDeleteAfterPutInSameBatch(t *testing.T, bk *backend) {
+	db := bk.open(t, store.Options{})
+	b := &store.Batch{}
 	b.PutRun(runRecord("r"))
 	b.PutEvent("r", event(1, "gone"))
 	b.PutEvent("r", event(2, "gone"))
@@ -229,12 +190,12 @@ func TestDeleteAfterPutInSameBatch(t *testing.T) {
 	}
 }
 
-func TestPutSnapshotsMessage(t *testing.T) {
-	db := mustOpen(t, tempPath(t), Options{})
+func testPutSnapshotsMessage(t *testing.T, bk *backend) {
+	db := bk.open(t, store.Options{})
 	rec := runRecord("r")
 	w := &snapcoordv1.Worker{WorkerId: "w", Rank: 1}
 	e := event(1, "before")
-	b := &Batch{}
+	b := &store.Batch{}
 	b.PutRun(rec)
 	b.PutWorker("r", w)
 	b.PutEvent("r", e)
@@ -243,148 +204,20 @@ func TestPutSnapshotsMessage(t *testing.T) {
 	e.Message = "after"
 	mustCommit(t, db, b)
 
-	rd := mustLoad(t, reopen(t, db))[0]
+	rd := mustLoad(t, bk.reopen(t, db))[0]
 	if rd.Record.GetLastCommandSeq() != 3 || rd.Workers[0].GetRank() != 1 || rd.Events[0].GetMessage() != "before" {
 		t.Fatalf("stored state after Put changed: %v %v %v", rd.Record, rd.Workers[0], rd.Events[0])
 	}
 }
 
-// writeRawVersion creates a bbolt file whose meta holds version v.
-func writeRawVersion(t *testing.T, path string, v uint64) {
-	t.Helper()
-	bdb, err := bolt.Open(path, 0o600, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer bdb.Close()
-	err = bdb.Update(func(tx *bolt.Tx) error {
-		meta, err := tx.CreateBucketIfNotExists(bucketMeta)
-		if err != nil {
-			return err
-		}
-		return meta.Put(keySchemaVersion, binary.BigEndian.AppendUint64(nil, v))
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-}
-
-func readRawVersion(t *testing.T, path string) uint64 {
-	t.Helper()
-	bdb, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer bdb.Close()
-	var v uint64
-	err = bdb.View(func(tx *bolt.Tx) error {
-		v = binary.BigEndian.Uint64(tx.Bucket(bucketMeta).Get(keySchemaVersion))
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return v
-}
-
-func TestSchemaFreshFile(t *testing.T) {
-	path := tempPath(t)
-	db := mustOpen(t, path, Options{})
-	if err := db.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if v := readRawVersion(t, path); v != SchemaVersion {
-		t.Fatalf("fresh file has schema version %d, want %d", v, SchemaVersion)
-	}
-}
-
-func TestSchemaNewerRefused(t *testing.T) {
-	path := tempPath(t)
-	writeRawVersion(t, path, SchemaVersion+1)
-	_, err := Open(path, Options{})
-	if !errors.Is(err, ErrNewerSchema) {
-		t.Fatalf("Open: %v, want ErrNewerSchema", err)
-	}
-	for _, s := range []string{path, fmt.Sprint(SchemaVersion), fmt.Sprint(SchemaVersion + 1)} {
-		if !strings.Contains(err.Error(), s) {
-			t.Errorf("error %q does not mention %q", err, s)
-		}
-	}
-	if v := readRawVersion(t, path); v != SchemaVersion+1 {
-		t.Fatalf("refused file changed to version %d", v)
-	}
-}
-
-func TestSchemaMigration(t *testing.T) {
-	path := tempPath(t)
-	writeRawVersion(t, path, SchemaVersion-1)
-	if _, err := Open(path, Options{}); err == nil || !strings.Contains(err.Error(), "no migration") {
-		t.Fatalf("Open without a migration: %v", err)
-	}
-
-	ran := false
-	migrations[SchemaVersion-1] = func(tx *bolt.Tx) error { ran = true; return nil }
-	t.Cleanup(func() { delete(migrations, SchemaVersion-1) })
-	db := mustOpen(t, path, Options{})
-	if err := db.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if !ran {
-		t.Fatal("migration did not run")
-	}
-	if v := readRawVersion(t, path); v != SchemaVersion {
-		t.Fatalf("migrated file has version %d, want %d", v, SchemaVersion)
-	}
-}
-
-func TestOpenForeignFile(t *testing.T) {
-	path := tempPath(t)
-	bdb, err := bolt.Open(path, 0o600, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = bdb.Update(func(tx *bolt.Tx) error { _, err := tx.CreateBucket([]byte("other")); return err })
-	if err != nil {
-		t.Fatal(err)
-	}
-	bdb.Close()
-	if _, err := Open(path, Options{}); err == nil || !strings.Contains(err.Error(), "not a snapcoord store") {
-		t.Fatalf("Open of a foreign bbolt file: %v", err)
-	}
-}
-
-func TestLocked(t *testing.T) {
-	path := tempPath(t)
-	mustOpen(t, path, Options{})
-	errc := make(chan error, 1)
-	go func() {
-		db, err := Open(path, Options{LockTimeout: 100 * time.Millisecond})
-		if err == nil {
-			db.Close()
-		}
-		errc <- err
-	}()
-	select {
-	case err := <-errc:
-		if !errors.Is(err, ErrLocked) {
-			t.Fatalf("second Open: %v, want ErrLocked", err)
-		}
-		if !strings.Contains(err.Error(), filepath.Dir(path)) {
-			t.Fatalf("error %q does not name the directory", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("second Open did not give up on the lock")
-	}
-}
-
-func TestGroupCommit(t *testing.T) {
+func testGroupCommit(t *testing.T, bk *backend) {
 	const writers, perWriter = 256, 20
 	var commits, committed atomic.Int64
-	db := mustOpen(t, tempPath(t), Options{OnCommit: func(n int, _ time.Duration) {
+	db := bk.open(t, store.Options{OnCommit: func(n int, _ time.Duration) {
 		commits.Add(1)
 		committed.Add(int64(n))
 	}})
-	b := &Batch{}
+	b := &store.Batch{}
 	b.PutRun(runRecord("g"))
 	mustCommit(t, db, b)
 	commits.Store(0)
@@ -394,7 +227,7 @@ func TestGroupCommit(t *testing.T) {
 	for w := range writers {
 		wg.Go(func() {
 			for i := range perWriter {
-				b := &Batch{}
+				b := &store.Batch{}
 				b.PutEvent("g", event(int64(w*perWriter+i+1), "x"))
 				mustCommit(t, db, b)
 			}
@@ -410,18 +243,18 @@ func TestGroupCommit(t *testing.T) {
 		t.Errorf("%d commits for %d batches: writers shared no fsync", commits.Load(), total)
 	}
 	t.Logf("%d batches in %d commits", total, commits.Load())
-	if got := len(mustLoad(t, reopen(t, db))[0].Events); int64(got) != total {
+	if got := len(mustLoad(t, bk.reopen(t, db))[0].Events); int64(got) != total {
 		t.Fatalf("%d events durable, want %d", got, total)
 	}
 }
 
-func TestDoneInSubmitOrder(t *testing.T) {
-	db := mustOpen(t, tempPath(t), Options{MaxBatchesPerCommit: 7})
-	setup := &Batch{}
+func testDoneInSubmitOrder(t *testing.T, bk *backend) {
+	db := bk.open(t, store.Options{MaxBatchesPerCommit: 7})
+	setup := &store.Batch{}
 	setup.PutRun(runRecord("r"))
-	pending := []*Pending{db.Submit(setup)}
+	pending := []*store.Pending{db.Submit(setup)}
 	for i := range 2000 {
-		b := &Batch{}
+		b := &store.Batch{}
 		if i%5 != 0 { // every fifth batch is empty
 			b.PutEvent("r", event(int64(i+1), "x"))
 		}
@@ -446,47 +279,46 @@ func TestDoneInSubmitOrder(t *testing.T) {
 	}
 }
 
-func TestCommitFailurePoisons(t *testing.T) {
-	db := mustOpen(t, tempPath(t), Options{})
-	good := &Batch{}
+func testCommitFailurePoisons(t *testing.T, bk *backend) {
+	db := bk.open(t, store.Options{})
+	good := &store.Batch{}
 	good.PutRun(runRecord("ok"))
 	mustCommit(t, db, good)
 
-	bad := &Batch{}
-	bad.PutRun(&storagev1.RunRecord{Run: &snapcoordv1.Run{}}) // empty key
+	bad, cause := bk.failing()
 	err := db.Submit(bad).Wait(context.Background())
-	if !errors.Is(err, ErrCommitFailed) || !errors.Is(err, berrors.ErrKeyRequired) {
-		t.Fatalf("bad batch: %v, want ErrCommitFailed wrapping ErrKeyRequired", err)
+	if !errors.Is(err, store.ErrCommitFailed) || !errors.Is(err, cause) {
+		t.Fatalf("bad batch: %v, want ErrCommitFailed wrapping %v", err, cause)
 	}
 
-	later := &Batch{}
+	later := &store.Batch{}
 	later.PutRun(runRecord("later"))
-	if err := db.Submit(later).Wait(context.Background()); !errors.Is(err, ErrCommitFailed) {
+	if err := db.Submit(later).Wait(context.Background()); !errors.Is(err, store.ErrCommitFailed) {
 		t.Fatalf("batch after failure: %v, want ErrCommitFailed", err)
 	}
-	if err := db.Submit(&Batch{}).Wait(context.Background()); !errors.Is(err, ErrCommitFailed) {
+	if err := db.Submit(&store.Batch{}).Wait(context.Background()); !errors.Is(err, store.ErrCommitFailed) {
 		t.Fatalf("empty batch after failure: %v, want ErrCommitFailed", err)
 	}
-	runs := mustLoad(t, reopen(t, db))
+	runs := mustLoad(t, bk.reopen(t, db))
 	if len(runs) != 1 || runs[0].Record.GetRun().GetRunId() != "ok" {
 		t.Fatalf("after poison, stored runs = %v", runs)
 	}
 }
 
-func TestInvalidBatchFails(t *testing.T) {
-	cases := map[string]func(b *Batch){
-		"negative step": func(b *Batch) { b.PutStep("r", &storagev1.StepRecord{Step: -1}) },
-		"negative seq":  func(b *Batch) { b.PutEvent("r", event(-2, "x")) },
-		"NUL in run id": func(b *Batch) { b.PutWorker("r\x00x", &snapcoordv1.Worker{WorkerId: "w"}) },
+func testInvalidBatchFails(t *testing.T, bk *backend) {
+	cases := map[string]func(b *store.Batch){
+		"negative step": func(b *store.Batch) { b.PutStep("r", &storagev1.StepRecord{Step: -1}) },
+		"negative seq":  func(b *store.Batch) { b.PutEvent("r", event(-2, "x")) },
+		"NUL in run id": func(b *store.Batch) { b.PutWorker("r\x00x", &snapcoordv1.Worker{WorkerId: "w"}) },
 	}
 	for name, put := range cases {
 		t.Run(name, func(t *testing.T) {
-			db := mustOpen(t, tempPath(t), Options{})
-			b := &Batch{}
+			db := bk.open(t, store.Options{})
+			b := &store.Batch{}
 			b.PutRun(runRecord("r"))
 			put(b)
 			err := db.Submit(b).Wait(context.Background())
-			if !errors.Is(err, ErrCommitFailed) {
+			if !errors.Is(err, store.ErrCommitFailed) {
 				t.Fatalf("Submit: %v, want ErrCommitFailed", err)
 			}
 			if runs := mustLoad(t, db); len(runs) != 0 {
@@ -496,11 +328,11 @@ func TestInvalidBatchFails(t *testing.T) {
 	}
 }
 
-func TestCloseDrains(t *testing.T) {
-	db := mustOpen(t, tempPath(t), Options{})
-	var pending []*Pending
+func testCloseDrains(t *testing.T, bk *backend) {
+	db := bk.open(t, store.Options{})
+	var pending []*store.Pending
 	for i := range 100 {
-		b := &Batch{}
+		b := &store.Batch{}
 		b.PutRun(runRecord(fmt.Sprintf("r%03d", i)))
 		pending = append(pending, db.Submit(b))
 	}
@@ -520,17 +352,17 @@ func TestCloseDrains(t *testing.T) {
 	if err := db.Close(); err != nil {
 		t.Fatalf("second Close: %v", err)
 	}
-	p := db.Submit(&Batch{})
-	if err := p.Wait(context.Background()); !errors.Is(err, ErrClosed) {
+	p := db.Submit(&store.Batch{})
+	if err := p.Wait(context.Background()); !errors.Is(err, store.ErrClosed) {
 		t.Fatalf("Submit after Close: %v, want ErrClosed", err)
 	}
-	if runs := mustLoad(t, mustOpen(t, db.Path(), Options{})); len(runs) != 100 {
+	if runs := mustLoad(t, bk.reopen(t, db)); len(runs) != 100 {
 		t.Fatalf("%d runs durable after Close, want 100", len(runs))
 	}
 }
 
-func TestCloseRacesSubmit(t *testing.T) {
-	db := mustOpen(t, tempPath(t), Options{})
+func testCloseRacesSubmit(t *testing.T, bk *backend) {
+	db := bk.open(t, store.Options{})
 	var wg, committing sync.WaitGroup
 	committing.Add(16)
 	for range 16 {
@@ -538,10 +370,10 @@ func TestCloseRacesSubmit(t *testing.T) {
 			first := sync.OnceFunc(committing.Done)
 			defer first() // also when the very first Submit already failed
 			for {
-				b := &Batch{}
+				b := &store.Batch{}
 				b.PutRun(runRecord("r"))
 				err := db.Submit(b).Wait(context.Background())
-				if errors.Is(err, ErrClosed) {
+				if errors.Is(err, store.ErrClosed) {
 					return
 				}
 				if err != nil {
@@ -559,74 +391,36 @@ func TestCloseRacesSubmit(t *testing.T) {
 	wg.Wait()
 }
 
-func TestWaitContext(t *testing.T) {
-	p := &Pending{done: make(chan struct{})}
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	if err := p.Wait(ctx); !errors.Is(err, context.Canceled) {
-		t.Fatalf("Wait: %v, want context.Canceled", err)
-	}
-}
-
-func TestLoadCorruptRecord(t *testing.T) {
-	db := mustOpen(t, tempPath(t), Options{})
-	b := &Batch{}
+func testLoadCorruptRecord(t *testing.T, bk *backend) {
+	db := bk.open(t, store.Options{})
+	b := &store.Batch{}
 	b.PutRun(runRecord("r"))
 	mustCommit(t, db, b)
-	err := db.bolt.Update(func(tx *bolt.Tx) error {
-		return tx.Bucket(bucketWorkers).Put(nameKey("r", "bad"), []byte{0xff, 0xff, 0xff})
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = db.Load(context.Background(), Everything)
+	bk.putRaw(t, db, store.BucketWorkers, store.NameKey("r", "bad"), []byte{0xff, 0xff, 0xff})
+	_, err := db.Load(context.Background(), store.Everything)
 	if err == nil || !strings.Contains(err.Error(), "workers") || !strings.Contains(err.Error(), "bad") {
 		t.Fatalf("Load of a corrupt record: %v, want an error naming bucket and key", err)
 	}
 }
 
-func TestLoadOrphanRecord(t *testing.T) {
-	db := mustOpen(t, tempPath(t), Options{})
-	b := &Batch{}
+func testLoadOrphanRecord(t *testing.T, bk *backend) {
+	db := bk.open(t, store.Options{})
+	b := &store.Batch{}
 	b.PutEvent("ghost", event(1, "x"))
 	mustCommit(t, db, b)
-	if _, err := db.Load(context.Background(), Everything); err == nil || !strings.Contains(err.Error(), "ghost") {
+	if _, err := db.Load(context.Background(), store.Everything); err == nil || !strings.Contains(err.Error(), "ghost") {
 		t.Fatalf("Load of a record without a run: %v", err)
-	}
-}
-
-func TestCheck(t *testing.T) {
-	db := mustOpen(t, tempPath(t), Options{})
-	_, b := fixture("r")
-	mustCommit(t, db, b)
-	if err := db.Check(); err != nil {
-		t.Fatalf("Check: %v", err)
-	}
-}
-
-func TestLoadManyRuns(t *testing.T) {
-	if testing.Short() {
-		t.Skip("writes 100,000 workers")
-	}
-	db := mustOpen(t, tempPath(t), Options{})
-	writeManyRuns(t, db, 1000, 100)
-	db = reopen(t, db)
-	start := time.Now()
-	runs := mustLoad(t, db)
-	t.Logf("loaded %d runs with %d workers each in %v", len(runs), len(runs[0].Workers), time.Since(start))
-	if len(runs) != 1000 || len(runs[999].Workers) != 100 {
-		t.Fatalf("loaded %d runs", len(runs))
 	}
 }
 
 // writeManyRuns submits one batch per run without waiting in between, so
 // they group-commit.
-func writeManyRuns(t testing.TB, db *DB, nRuns, nWorkers int) {
+func writeManyRuns(t testing.TB, db store.Store, nRuns, nWorkers int) {
 	t.Helper()
-	var pending []*Pending
+	var pending []*store.Pending
 	for r := range nRuns {
 		id := fmt.Sprintf("run-%04d", r)
-		b := &Batch{}
+		b := &store.Batch{}
 		b.PutRun(runRecord(id))
 		for w := range nWorkers {
 			b.PutWorker(id, &snapcoordv1.Worker{
@@ -645,15 +439,11 @@ func writeManyRuns(t testing.TB, db *DB, nRuns, nWorkers int) {
 
 // Reports are stored apart from their snapshot and come back attached to it,
 // in the order they were reported, whatever the worker ids.
-func TestSnapshotReportsRoundTrip(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "snapcoord.db")
-	db, err := Open(path, Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+func testSnapshotReportsRoundTrip(t *testing.T, bk *backend) {
+	db := bk.open(t, store.Options{})
 	at := func(s int64) *timestamppb.Timestamp { return timestamppb.New(time.Unix(1700000000+s, 0)) }
 	snap := &snapcoordv1.Snapshot{SnapshotId: "snap-1", IssuedAt: at(0)}
-	var b Batch
+	var b store.Batch
 	b.PutRun(&storagev1.RunRecord{Run: &snapcoordv1.Run{RunId: "r"}})
 	b.PutSnapshot("r", snap)
 	reports := []*snapcoordv1.SnapshotReport{
@@ -671,18 +461,7 @@ func TestSnapshotReportsRoundTrip(t *testing.T) {
 	if len(snap.Reports) != 2 {
 		t.Fatalf("PutSnapshot changed the caller's reports: %v", snap.Reports)
 	}
-	if err := db.Close(); err != nil {
-		t.Fatal(err)
-	}
-	db, err = Open(path, Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	runs, err := db.Load(context.Background(), Everything)
-	if err != nil {
-		t.Fatal(err)
-	}
+	runs := mustLoad(t, bk.reopen(t, db))
 	got := runs[0].Snapshots[0].Reports
 	if len(got) != 2 || !proto.Equal(got[0], reports[0]) || !proto.Equal(got[1], reports[1]) {
 		t.Fatalf("reports after reload: %v", got)
@@ -692,8 +471,8 @@ func TestSnapshotReportsRoundTrip(t *testing.T) {
 // A worker's first report on a snapshot stands, whether a second one comes
 // in the same batch or a later one. A completed snapshot loads as a summary;
 // Snapshots and SnapshotReport read it in full.
-func TestCompletedSnapshotReadOnDemand(t *testing.T) {
-	db := mustOpen(t, tempPath(t), Options{})
+func testCompletedSnapshotReadOnDemand(t *testing.T, bk *backend) {
+	db := bk.open(t, store.Options{})
 	at := func(s int64) *timestamppb.Timestamp { return timestamppb.New(time.Unix(1700000000+s, 0)) }
 	rep := func(w string, s int64, o snapcoordv1.SnapshotOutcome) *snapcoordv1.SnapshotReport {
 		return &snapcoordv1.SnapshotReport{WorkerId: w, Outcome: o, ReportedAt: at(s)}
@@ -701,7 +480,7 @@ func TestCompletedSnapshotReadOnDemand(t *testing.T) {
 	const saved, ioErr = snapcoordv1.SnapshotOutcome_SNAPSHOT_OUTCOME_SAVED, snapcoordv1.SnapshotOutcome_SNAPSHOT_OUTCOME_IO_ERROR
 	done := &snapcoordv1.Snapshot{SnapshotId: "snap-1", ExpectedWorkerIds: []string{"w1", "w2"}, CompletedAt: at(9)}
 	open := &snapcoordv1.Snapshot{SnapshotId: "snap-10", ExpectedWorkerIds: []string{"w1"}}
-	b := &Batch{}
+	b := &store.Batch{}
 	b.PutRun(runRecord("r"))
 	b.PutSnapshot("r", done)
 	b.PutSnapshot("r", open)
@@ -709,11 +488,11 @@ func TestCompletedSnapshotReadOnDemand(t *testing.T) {
 	b.PutSnapshotReport("r", "snap-1", rep("w2", 2, ioErr))
 	b.PutSnapshotReport("r", "snap-10", rep("w1", 3, saved))
 	mustCommit(t, db, b)
-	b = &Batch{}
+	b = &store.Batch{}
 	b.PutSnapshotReport("r", "snap-1", rep("w1", 4, saved))
 	b.PutSnapshotReport("r", "snap-10", rep("w1", 5, ioErr))
 	mustCommit(t, db, b)
-	db = reopen(t, db)
+	db = bk.reopen(t, db)
 
 	snaps := mustLoad(t, db)[0].Snapshots
 	wantOpen := proto.CloneOf(open)
@@ -754,26 +533,25 @@ func TestCompletedSnapshotReadOnDemand(t *testing.T) {
 
 // DeleteRun removes a run and all it holds, and nothing of another run
 // whose id it prefixes; the file stays consistent and loads.
-func TestDeleteRun(t *testing.T) {
-	db := mustOpen(t, tempPath(t), Options{})
+func testDeleteRun(t *testing.T, bk *backend) {
+	db := bk.open(t, store.Options{})
 	_, b := fixture("a")
-	kept, b2 := fixture("a.b")
-	b.ops = append(b.ops, b2.ops...)
+	kept := addFixture(b, "a.b")
 	b.PutSnapshotReport("a", "s1", &snapcoordv1.SnapshotReport{WorkerId: "w1"})
 	b.PutSnapshotReport("a.b", "s1", &snapcoordv1.SnapshotReport{WorkerId: "w1"})
 	mustCommit(t, db, b)
 
-	b = &Batch{}
+	b = &store.Batch{}
 	b.DeleteRun("a")
 	mustCommit(t, db, b)
-	db = reopen(t, db)
+	db = bk.reopen(t, db)
 	runs := mustLoad(t, db)
 	if len(runs) != 1 || runs[0].Record.GetRun().GetRunId() != "a.b" {
 		t.Fatalf("after DeleteRun(a): %d runs, want only a.b", len(runs))
 	}
 	kept.Snapshots[0].Reports = []*snapcoordv1.SnapshotReport{{WorkerId: "w1"}}
 	assertRunData(t, runs[0], kept)
-	if err := db.Check(); err != nil {
+	if err := bk.check(db); err != nil {
 		t.Fatal(err)
 	}
 	if r, err := db.SnapshotReport("a", "s1", "w1"); err != nil || r != nil {
@@ -783,11 +561,11 @@ func TestDeleteRun(t *testing.T) {
 
 // A long run loads with its latest steps and events, and the step its
 // deadline fired at; Step and Events read the others.
-func TestLoadWindow(t *testing.T) {
-	db := mustOpen(t, tempPath(t), Options{})
+func testLoadWindow(t *testing.T, bk *backend) {
+	db := bk.open(t, store.Options{})
 	rec := runRecord("r")
 	rec.Run.LastStep, rec.Run.FiredAtStep, rec.Run.LastEventSeq = 100, 3, 20
-	b := &Batch{}
+	b := &store.Batch{}
 	b.PutRun(rec)
 	for s := int64(1); s <= 100; s++ {
 		b.PutStep("r", &storagev1.StepRecord{Step: s, MaxIterationSeconds: float64(s)})
@@ -797,7 +575,7 @@ func TestLoadWindow(t *testing.T) {
 	}
 	mustCommit(t, db, b)
 
-	runs, err := db.Load(context.Background(), Window{Steps: 10, Events: 3})
+	runs, err := db.Load(context.Background(), store.Window{Steps: 10, Events: 3})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,7 +7,10 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"net"
+	"net/url"
 	"strings"
+	"time"
 
 	"github.com/snapcoord/snapcoord/cmd/internal/durations"
 	"github.com/snapcoord/snapcoord/cmd/internal/flagtext"
@@ -30,6 +33,8 @@ type serveConfig struct {
 	// into Config by parseServe.
 	maxHeaderListSize    uint
 	maxConcurrentStreams uint
+	// etcdEndpoints is --etcd-endpoints, split into Config by parseServe.
+	etcdEndpoints string
 }
 
 // adminTokenEnv holds one admin token. It is a variable, not a flag, so the
@@ -43,7 +48,15 @@ func newServeFlags(cfg *serveConfig) *flag.FlagSet {
 	c := &cfg.Config
 	fs := flag.NewFlagSet("snapcoord serve", flag.ContinueOnError)
 	fs.StringVar(&c.Listen, "listen", def.Listen, "gRPC `address` to listen on")
-	fs.StringVar(&c.DataDir, "data-dir", def.DataDir, "`directory` holding the store file "+coordinator.StoreFile+" (created 0700 if missing)")
+	fs.StringVar(&c.DataDir, "data-dir", def.DataDir, "`directory` holding the store file "+coordinator.StoreFile+" (created 0700 if missing); for --store bbolt")
+	fs.StringVar((*string)(&c.Store), "store", string(def.Store), "where state is kept: bbolt (a file in --data-dir) or etcd (an etcd cluster shared by coordinators that elect a leader)")
+	fs.StringVar(&cfg.etcdEndpoints, "etcd-endpoints", strings.Join(def.Etcd.Endpoints, ","), "etcd members for --store etcd, comma-separated `host:port` list")
+	fs.StringVar(&c.Etcd.Prefix, "etcd-prefix", def.Etcd.Prefix, "etcd key `prefix` of this group of coordinators: their state and their election (<prefix>/leader)")
+	fs.StringVar(&c.Etcd.CAFile, "etcd-ca-file", def.Etcd.CAFile, "PEM CA `file` to verify etcd's certificate: connects to etcd with TLS")
+	fs.StringVar(&c.Etcd.CertFile, "etcd-cert-file", def.Etcd.CertFile, "PEM client certificate `file` for etcd (mutual TLS; with --etcd-key-file)")
+	fs.StringVar(&c.Etcd.KeyFile, "etcd-key-file", def.Etcd.KeyFile, "PEM client private key `file` for etcd (with --etcd-cert-file)")
+	fs.StringVar(&c.AdvertiseAddr, "advertise-addr", def.AdvertiseAddr, "`address` clients reach this coordinator at, which followers name as the leader's; default --listen (required when --listen is a wildcard)")
+	durations.Var(fs, &c.ElectionTTL, "election-ttl", def.ElectionTTL, durations.Options{WholeSeconds: true}, "lease of the leader election for --store etcd: a leader that stops renewing it is replaced this long after")
 	durations.Var(fs, &c.HeartbeatInterval, "heartbeat-interval", def.HeartbeatInterval, durations.Options{}, "how often workers are told to heartbeat")
 	durations.Var(fs, &c.LeaseTTL, "lease-ttl", def.LeaseTTL, durations.Options{}, "a worker silent this long is LOST")
 	durations.Var(fs, &c.DrainTimeout, "drain-timeout", def.DrainTimeout, durations.Options{}, "on SIGINT/SIGTERM, how long in-flight RPCs may take to finish")
@@ -115,7 +128,13 @@ func parseServe(args []string, lookupEnv func(string) (string, bool)) (serveConf
 	if fs.NArg() > 0 {
 		return cfg, fs, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
+	if cfg.etcdEndpoints != "" {
+		cfg.Etcd.Endpoints = strings.Split(cfg.etcdEndpoints, ",")
+	}
 	if err := cfg.validate(); err != nil {
+		return cfg, fs, err
+	}
+	if err := cfg.validateStore(); err != nil {
 		return cfg, fs, err
 	}
 	cfg.MaxHeaderListSize, cfg.MaxConcurrentStreams = uint32(cfg.maxHeaderListSize), uint32(cfg.maxConcurrentStreams)
@@ -132,8 +151,6 @@ func (c serveConfig) validate() error {
 		// A lease no longer than one heartbeat interval would lapse between
 		// two punctual heartbeats.
 		return fmt.Errorf("--lease-ttl (%s) must be longer than --heartbeat-interval (%s)", c.LeaseTTL, c.HeartbeatInterval)
-	case c.DataDir == "":
-		return fmt.Errorf("--data-dir (%s) must not be empty", envName("data-dir"))
 	case (c.TLSCert == "") != (c.TLSKey == ""):
 		return errors.New("--tls-cert and --tls-key must be given together")
 	case c.ClientCA != "" && c.TLSCert == "":
@@ -157,6 +174,48 @@ func (c serveConfig) validate() error {
 		return errors.New("--keepalive-min-time, --keepalive-time and --keepalive-timeout must be positive, --max-connection-idle not negative")
 	}
 	return nil
+}
+
+// validateStore checks --store and the flags that go with it.
+func (c serveConfig) validateStore() error {
+	switch c.Store {
+	case coordinator.StoreBbolt:
+		if c.DataDir == "" {
+			return fmt.Errorf("--data-dir (%s) must not be empty", envName("data-dir"))
+		}
+		return nil
+	case coordinator.StoreEtcd:
+	default:
+		return fmt.Errorf("--store (%s) must be bbolt or etcd, not %q", envName("store"), c.Store)
+	}
+	for _, ep := range c.Etcd.Endpoints {
+		if !validEndpoint(ep) {
+			return fmt.Errorf("--etcd-endpoints (%s): %q is not host:port (or http(s)://host:port)", envName("etcd-endpoints"), ep)
+		}
+	}
+	switch {
+	case len(c.Etcd.Endpoints) == 0:
+		return fmt.Errorf("--store etcd needs --etcd-endpoints (%s)", envName("etcd-endpoints"))
+	case !strings.HasPrefix(c.Etcd.Prefix, "/") || strings.HasSuffix(c.Etcd.Prefix, "/"):
+		return fmt.Errorf("--etcd-prefix (%s) must start with / and not end with one, not %q", envName("etcd-prefix"), c.Etcd.Prefix)
+	case (c.Etcd.CertFile == "") != (c.Etcd.KeyFile == ""):
+		return errors.New("--etcd-cert-file and --etcd-key-file must be given together")
+	case c.ElectionTTL < time.Second:
+		return fmt.Errorf("--election-ttl (%s) must be at least 1s", envName("election-ttl"))
+	case c.AdvertiseAddr == "" && !coordinator.Reachable(c.Listen):
+		return fmt.Errorf("--store etcd needs --advertise-addr (%s): --listen %s is no address a client can reach the leader at", envName("advertise-addr"), c.Listen)
+	}
+	return nil
+}
+
+// validEndpoint accepts what the etcd client dials: host:port, or a URL
+// of that with scheme http or https.
+func validEndpoint(ep string) bool {
+	if u, err := url.Parse(ep); err == nil && (u.Scheme == "http" || u.Scheme == "https") {
+		ep = u.Host
+	}
+	host, _, err := net.SplitHostPort(ep)
+	return err == nil && host != ""
 }
 
 // checkExposure refuses to put an open RunService (no admin token) or

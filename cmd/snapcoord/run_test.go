@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"reflect"
 	"regexp"
 	"strings"
 	"testing"
@@ -10,6 +11,7 @@ import (
 
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/snapcoord/snapcoord/coordinator"
 	"github.com/snapcoord/snapcoord/internal/logsink"
 )
 
@@ -70,6 +72,53 @@ func TestEnvSetsDefaultsAndFlagsWin(t *testing.T) {
 	}
 	if cfg.DataDir != "./data" || cfg.HeartbeatInterval != 5*time.Second || cfg.DrainTimeout != 10*time.Second {
 		t.Errorf("defaults = %+v", cfg)
+	}
+}
+
+func TestEtcdFlags(t *testing.T) {
+	env := envMap(map[string]string{
+		"SNAPCOORD_STORE":          "etcd",
+		"SNAPCOORD_ETCD_ENDPOINTS": "10.0.0.1:2379,http://10.0.0.2:2379",
+		"SNAPCOORD_ETCD_CA_FILE":   "ca.pem",
+	})
+	cfg, _, err := parseServe([]string{"--listen", "0.0.0.0:7070", "--advertise-addr", "coord-1:7070", "--election-ttl", "3s", "--etcd-prefix", "/team-a"}, env)
+	if err != nil {
+		t.Fatalf("parseServe: %v", err)
+	}
+	want := coordinator.EtcdConfig{Endpoints: []string{"10.0.0.1:2379", "http://10.0.0.2:2379"}, Prefix: "/team-a", CAFile: "ca.pem"}
+	if cfg.Store != coordinator.StoreEtcd || !reflect.DeepEqual(cfg.Etcd, want) || cfg.AdvertiseAddr != "coord-1:7070" || cfg.ElectionTTL != 3*time.Second {
+		t.Errorf("store %q, etcd %+v, advertise %q, TTL %v", cfg.Store, cfg.Etcd, cfg.AdvertiseAddr, cfg.ElectionTTL)
+	}
+	def, _, err := parseServe(nil, noEnv)
+	if err != nil || def.Store != coordinator.StoreBbolt || def.Etcd.Prefix != "/snapcoord" || def.ElectionTTL != 5*time.Second {
+		t.Errorf("defaults: store %q, prefix %q, TTL %v, err %v; want bbolt, /snapcoord, 5s", def.Store, def.Etcd.Prefix, def.ElectionTTL, err)
+	}
+}
+
+func TestEtcdFlagErrors(t *testing.T) {
+	etcd := []string{"--store", "etcd", "--etcd-endpoints", "127.0.0.1:2379"}
+	tests := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"unknown store", []string{"--store", "postgres"}, "--store (SNAPCOORD_STORE) must be bbolt or etcd"},
+		{"no endpoints", []string{"--store", "etcd"}, "needs --etcd-endpoints (SNAPCOORD_ETCD_ENDPOINTS)"},
+		{"endpoint without port", []string{"--store", "etcd", "--etcd-endpoints", "a:2379,b"}, `--etcd-endpoints (SNAPCOORD_ETCD_ENDPOINTS): "b"`},
+		{"relative prefix", append(etcd, "--etcd-prefix", "snapcoord"), "--etcd-prefix"},
+		{"cert without key", append(etcd, "--etcd-cert-file", "c.pem"), "--etcd-cert-file and --etcd-key-file"},
+		{"fractional TTL", append(etcd, "--election-ttl", "1.5s"), "--election-ttl"},
+		{"zero TTL", append(etcd, "--election-ttl", "0"), "--election-ttl"},
+		{"wildcard listen", append(etcd, "--listen", ":7070", "--insecure"), "needs --advertise-addr"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			code := runServe(t.Context(), tt.args, noEnv, &stdout, &stderr)
+			if code != exitUsage || !strings.Contains(stderr.String(), tt.want) {
+				t.Errorf("exit %d, stderr %q; want %d mentioning %s", code, stderr.String(), exitUsage, tt.want)
+			}
+		})
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
+	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 	"github.com/snapcoord/snapcoord/client"
 	"github.com/snapcoord/snapcoord/cmd/internal/durations"
 )
@@ -69,8 +70,42 @@ func (c *cli) connectFailure(ctx context.Context, conn *grpc.ClientConn) error {
 	if st, ok := status.FromError(err); err == nil || !ok || st.Code() != codes.Unavailable {
 		return nil
 	}
+	if refusal := c.followerRefusal(ctx); refusal != nil {
+		return refusal
+	}
 	cause := connectCause(status.Convert(err).Message())
 	return withExit(exitUnavailable, fmt.Errorf("cannot connect to %s over %s: %s. %s", c.conn.addr, c.transportName(), cause, c.connectFix(cause)))
+}
+
+// followerRefusal asks each address of a list that found no leader
+// directly, without health checking, and returns the first refusal as a
+// follower (NOT_LEADER), which names the leader: the list lacks it. Nil
+// if none refused so (then no address answered, and the connection
+// error says why).
+func (c *cli) followerRefusal(ctx context.Context) error {
+	addrs := client.Addrs(c.conn.addr)
+	if len(addrs) < 2 {
+		return nil // one address: the connection error is its own
+	}
+	for _, addr := range addrs {
+		cl, err := c.dialAddr(addr, "", client.WithRetry(client.RetryPolicy{MaxAttempts: 1}))
+		if err != nil {
+			return err
+		}
+		_, err = cl.Runs.ListRuns(ctx, &v1.ListRunsRequest{PageSize: 1})
+		cl.Close()
+		leader, ok := client.NotLeader(err)
+		if !ok {
+			continue
+		}
+		fix := "No coordinator leads at the moment: an election is under way, or the coordinators cannot reach etcd"
+		if leader != "" {
+			fix = fmt.Sprintf("Add %s to --addr (or SNAPCOORD_ADDR)", leader)
+		}
+		return withExit(exitUnavailable, fmt.Errorf("no leader among %s: %s answers %q. %s",
+			c.conn.addr, addr, status.Convert(err).Message(), fix))
+	}
+	return nil
 }
 
 // attemptLog keeps the error of the last attempt of a call that failed

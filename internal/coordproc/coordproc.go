@@ -36,6 +36,10 @@ type Config struct {
 	Command string
 	// DataDir is its --data-dir; it survives restarts.
 	DataDir string
+	// Etcd, with endpoints, runs it on the etcd store (--store etcd)
+	// instead of a bbolt file in DataDir. Start then returns once the
+	// process serves, leader or follower (see Proc.Health).
+	Etcd Etcd
 	// Addr is the gRPC address; empty picks a free loopback port once, kept
 	// across restarts so that clients reconnect to the same address.
 	Addr string
@@ -55,6 +59,30 @@ type Config struct {
 	// Creds are what the SERVING check connects with when the coordinator
 	// serves TLS (--tls-cert); nil is plaintext.
 	Creds credentials.TransportCredentials
+}
+
+// Etcd is a coordinator's etcd store and election.
+type Etcd struct {
+	Endpoints []string
+	// Prefix is its --etcd-prefix; coordinators on one prefix elect one
+	// leader. Empty: serve's default.
+	Prefix string
+	// ElectionTTL is its --election-ttl; 0: serve's default.
+	ElectionTTL time.Duration
+}
+
+func (e Etcd) args() []string {
+	if len(e.Endpoints) == 0 {
+		return nil
+	}
+	args := []string{"--store", "etcd", "--etcd-endpoints", strings.Join(e.Endpoints, ",")}
+	if e.Prefix != "" {
+		args = append(args, "--etcd-prefix", e.Prefix)
+	}
+	if e.ElectionTTL > 0 {
+		args = append(args, "--election-ttl", e.ElectionTTL.String())
+	}
+	return args
 }
 
 // Proc is a running (or exited) coordinator.
@@ -162,6 +190,7 @@ func (c Config) args() []string {
 	if c.DataDir != "" {
 		args = append(args, "--data-dir", c.DataDir)
 	}
+	args = append(args, c.Etcd.args()...)
 	return append(args, c.Args...)
 }
 
@@ -200,11 +229,70 @@ func (p *Proc) awaitServing(ctx context.Context, conn *grpc.ClientConn) error {
 	}
 }
 
+// Health is what the coordinator's health service says of service: "" the
+// process, "snapcoord.v1.RunService" whether it leads its group.
+func (p *Proc) Health(ctx context.Context, service string) (healthpb.HealthCheckResponse_ServingStatus, error) {
+	conn, err := p.dial()
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close()
+	resp, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{Service: service})
+	return resp.GetStatus(), err
+}
+
+// WatchHealth returns once the health service reports want for service,
+// or with ctx's error; it watches rather than polls, so it returns as
+// soon as the status changes.
+func (p *Proc) WatchHealth(ctx context.Context, service string, want healthpb.HealthCheckResponse_ServingStatus) error {
+	conn, err := p.dial()
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := healthpb.NewHealthClient(conn).Watch(ctx, &healthpb.HealthCheckRequest{Service: service}, grpc.WaitForReady(true))
+	if err != nil {
+		return err
+	}
+	for {
+		resp, err := stream.Recv()
+		if err != nil {
+			return fmt.Errorf("watch health of %q at %s: %w", service, p.Addr, err)
+		}
+		if resp.GetStatus() == want {
+			return nil
+		}
+	}
+}
+
+func (p *Proc) dial() (*grpc.ClientConn, error) {
+	creds := p.cfg.Creds
+	if creds == nil {
+		creds = insecure.NewCredentials()
+	}
+	return grpc.NewClient(p.Addr, grpc.WithTransportCredentials(creds))
+}
+
+// Pause stops the process with SIGSTOP, as a long GC pause, a frozen VM or
+// a partition would: it holds its ports but answers nothing.
+func (p *Proc) Pause() error { return p.cmd.Process.Signal(syscall.SIGSTOP) }
+
+// Resume continues it with SIGCONT after Pause.
+func (p *Proc) Resume() error { return p.cmd.Process.Signal(syscall.SIGCONT) }
+
 // Restart starts the same coordinator again: same binary, data directory,
 // addresses and flags. The previous process must have exited.
 func (p *Proc) Restart(ctx context.Context) (*Proc, error) {
+	return p.RestartAt(ctx, p.Addr)
+}
+
+// RestartAt is Restart on another gRPC address: the coordinator's data
+// served from another machine, as after a failover.
+func (p *Proc) RestartAt(ctx context.Context, addr string) (*Proc, error) {
 	cfg := p.cfg
-	cfg.Addr = p.Addr
+	cfg.Addr = addr
 	return Start(ctx, cfg)
 }
 

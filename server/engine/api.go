@@ -59,7 +59,8 @@ func (e *Engine) ReissueRunToken(ctx context.Context, req *v1.ReissueRunTokenReq
 
 // WatchRun calls send for each event after req.after_seq until the run is
 // terminal and every event was sent, ctx ends, or (with no_follow) the
-// backlog was sent.
+// backlog was sent. An after_seq past the run's last event is
+// ErrOutOfRange.
 func (e *Engine) WatchRun(ctx context.Context, req *v1.WatchRunRequest, send func(*v1.RunEvent) error) error {
 	return e.watchRun(ctx, req, send)
 }
@@ -104,7 +105,8 @@ func (e *Engine) FinishRun(ctx context.Context, req *v1.FinishRunRequest) (*v1.F
 
 // StreamCommands calls send for each command for the worker's role after
 // req.after_seq, then for new ones, until a Stop was sent, the worker
-// re-registers (ErrFailedPrecondition), or ctx ends.
+// re-registers (ErrFailedPrecondition), or ctx ends. An after_seq past the
+// run's last command is ErrOutOfRange, here and in PollCommands.
 func (e *Engine) StreamCommands(ctx context.Context, req *v1.StreamCommandsRequest, send func(*v1.Command) error) error {
 	return e.streamCommands(ctx, req, send)
 }

@@ -28,6 +28,17 @@ func (r *runState) pending(after int64, role v1.WorkerRole) []*v1.Command {
 	return out
 }
 
+// beyond refuses a cursor past the end of a log whose last seq is last.
+// Called with r.mu held, and last is the seq last issued, durable or not: a
+// reader can only have seen durable entries, all at or below it, so a
+// command being appended at this moment never makes a valid cursor fail.
+func beyond(after, last int64, what string) error {
+	if after <= last {
+		return nil
+	}
+	return errorf(ErrOutOfRange, "after_seq %d is past the run's last %s (seq %d): read again from after_seq 0", after, what, last)
+}
+
 // cursor is one reader of a worker's commands (a stream or a poll).
 type cursor struct {
 	e           *Engine
@@ -69,6 +80,9 @@ func (c *cursor) next(after int64) (cmds []*v1.Command, changed <-chan struct{},
 		return nil, nil, 0, false, err
 	}
 	if err := c.r.displaced(w); err != nil {
+		return nil, nil, 0, false, err
+	}
+	if err := beyond(after, c.r.rec.LastCommandSeq, "command"); err != nil {
 		return nil, nil, 0, false, err
 	}
 	settled = c.r.durableCmd.Load() >= c.r.rec.LastCommandSeq
@@ -219,6 +233,9 @@ func (e *Engine) eventsAfter(r *runState, after int64) ([]*v1.RunEvent, bool, er
 		// Deleted after its retention between two pages: the store no
 		// longer holds its events, or holds those of a run created again
 		// under its id.
+		return nil, false, err
+	}
+	if err := beyond(after, r.rec.Run.LastEventSeq, "event"); err != nil {
 		return nil, false, err
 	}
 	oldest := r.rec.Run.LastEventSeq + 1

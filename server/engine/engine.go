@@ -83,7 +83,7 @@ func (o *Options) setDefaults() {
 type Engine struct {
 	opts   Options
 	clk    clock.Clock
-	st     *store.DB
+	st     store.Store
 	log    *slog.Logger
 	policy deadline.Policy
 	obs    Observer
@@ -111,7 +111,7 @@ type Engine struct {
 }
 
 // New loads every run from st and re-arms its timers.
-func New(ctx context.Context, st *store.DB, opts Options) (*Engine, error) {
+func New(ctx context.Context, st store.Store, opts Options) (*Engine, error) {
 	opts.setDefaults()
 	e := &Engine{
 		opts: opts, clk: opts.Clock, st: st, log: opts.Logger, policy: opts.Policy, obs: opts.Observer,

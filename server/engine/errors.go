@@ -15,6 +15,11 @@ var (
 	ErrPermissionDenied   = errors.New("permission denied")
 	ErrResourceExhausted  = errors.New("resource exhausted")
 	ErrUnavailable        = errors.New("unavailable")
+	// ErrOutOfRange: a cursor (after_seq) past the end of a run's log. The
+	// reader saw a log this coordinator does not have (its state was
+	// restored or replaced), so answering nothing would make it skip every
+	// new entry until the log caught up; it must start again from 0.
+	ErrOutOfRange = errors.New("out of range")
 )
 
 // ReasonWorkerSuperseded is the Reason of a call from a worker process whose

@@ -16,6 +16,9 @@ import (
 	"github.com/snapcoord/snapcoord/internal/logsink"
 )
 
+// healthServices are the names health reports on.
+var healthServices = append([]string{""}, leaderServices...)
+
 func checkAll(t *testing.T, ts *unitServer, want healthpb.HealthCheckResponse_ServingStatus) {
 	t.Helper()
 	for _, name := range healthServices {
@@ -24,6 +27,31 @@ func checkAll(t *testing.T, ts *unitServer, want healthpb.HealthCheckResponse_Se
 			t.Errorf("Check(%q) = %v, %v; want %v", name, resp.GetStatus(), err, want)
 		}
 	}
+}
+
+// A follower of a coordinator group is a healthy process, so "" stays
+// SERVING, but load balancers must send RunService and WorkerService
+// calls to the leader: those two say NOT_SERVING until it leads again.
+func TestHealthOfServicesFollowsLeadership(t *testing.T) {
+	ts := newUnitServer(t, Config{}, nil)
+	ts.srv.SetLeading(false)
+	check := func(name string, want healthpb.HealthCheckResponse_ServingStatus) {
+		t.Helper()
+		resp, err := ts.health.Check(t.Context(), &healthpb.HealthCheckRequest{Service: name})
+		if err != nil || resp.GetStatus() != want {
+			t.Errorf("following: Check(%q) = %v, %v; want %v", name, resp.GetStatus(), err, want)
+		}
+	}
+	check("", healthpb.HealthCheckResponse_SERVING)
+	for _, name := range leaderServices {
+		check(name, healthpb.HealthCheckResponse_NOT_SERVING)
+	}
+	ts.srv.SetLeading(true)
+	checkAll(t, ts, healthpb.HealthCheckResponse_SERVING)
+	// Unhealthy wins over leading.
+	ts.srv.MarkUnhealthy(errors.New("disk full"))
+	ts.srv.SetLeading(true)
+	checkAll(t, ts, healthpb.HealthCheckResponse_NOT_SERVING)
 }
 
 // A coordinator whose store cannot commit says so to its probes, and for

@@ -1,8 +1,10 @@
 package grpcserver_test
 
 import (
+	"fmt"
 	"io"
 	"slices"
+	"strings"
 	"testing"
 
 	"google.golang.org/grpc/codes"
@@ -143,4 +145,43 @@ func TestWorkerStreamsStopOnCancel(t *testing.T) {
 	if _, err := stream.Recv(); err != io.EOF {
 		t.Errorf("after Stop, stream = %v, want a clean end", err)
 	}
+}
+
+// A cursor past the log's end answers OUT_OF_RANGE on every reader of a
+// log, naming after_seq and the last seq, so a client knows to start over.
+func TestCursorPastTheLogIsOutOfRange(t *testing.T) {
+	ts := newTestServer(t)
+	createRun(t, ts, "ahead")
+	reg, err := ts.workers.RegisterWorker(t.Context(), &v1.RegisterWorkerRequest{
+		RunId: "ahead", Role: v1.WorkerRole_WORKER_ROLE_ENVIRONMENT, Name: "env-0",
+	})
+	if err != nil {
+		t.Fatalf("RegisterWorker: %v", err)
+	}
+	last := reg.GetLastCommandSeq()
+	wantOutOfRange := func(rpc string, err error, want string) {
+		t.Helper()
+		if status.Code(err) != codes.OutOfRange || !strings.Contains(status.Convert(err).Message(), want) {
+			t.Fatalf("%s: %v; want OUT_OF_RANGE naming %q", rpc, err, want)
+		}
+	}
+	_, err = ts.workers.PollCommands(t.Context(), &v1.PollCommandsRequest{RunId: "ahead", WorkerId: reg.GetWorkerId(), AfterSeq: last + 1})
+	wantOutOfRange("PollCommands", err, fmt.Sprintf("after_seq %d is past the run's last command (seq %d)", last+1, last))
+
+	stream, err := ts.workers.StreamCommands(t.Context(), &v1.StreamCommandsRequest{RunId: "ahead", WorkerId: reg.GetWorkerId(), AfterSeq: last + 1})
+	if err == nil {
+		_, err = stream.Recv()
+	}
+	wantOutOfRange("StreamCommands", err, fmt.Sprintf("after_seq %d is past the run's last command (seq %d)", last+1, last))
+
+	run, err := ts.runs.GetRun(t.Context(), &v1.GetRunRequest{RunId: "ahead"})
+	if err != nil {
+		t.Fatalf("GetRun: %v", err)
+	}
+	lastEv := run.GetRun().GetLastEventSeq()
+	watch, err := ts.runs.WatchRun(t.Context(), &v1.WatchRunRequest{RunId: "ahead", AfterSeq: lastEv + 1, NoFollow: true})
+	if err == nil {
+		_, err = watch.Recv()
+	}
+	wantOutOfRange("WatchRun", err, fmt.Sprintf("after_seq %d is past the run's last event (seq %d)", lastEv+1, lastEv))
 }

@@ -22,13 +22,13 @@ import (
 	"google.golang.org/grpc/reflection"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
-	"github.com/snapcoord/snapcoord/server/engine"
 	"github.com/snapcoord/snapcoord/server/transport"
 )
 
-// healthServices are the names health reports on; "" is the whole server,
-// which is what most probes (grpc_health_probe, Kubernetes) ask about.
-var healthServices = []string{"", v1.RunService_ServiceDesc.ServiceName, v1.WorkerService_ServiceDesc.ServiceName}
+// Health reports on "", the whole server, which is what most probes
+// (grpc_health_probe, Kubernetes) ask about, and on leaderServices, which
+// only the leader of a coordinator group serves.
+var leaderServices = []string{v1.RunService_ServiceDesc.ServiceName, v1.WorkerService_ServiceDesc.ServiceName}
 
 // Server is a gRPC server with its health state and shutdown.
 type Server struct {
@@ -41,15 +41,26 @@ type Server struct {
 	endLongCalls func()
 
 	mu        sync.Mutex
+	serving   bool // Serve was called
+	leading   bool // SetLeading(true): RunService and WorkerService are served
 	stopping  bool
 	unhealthy bool // MarkUnhealthy was called: never SERVING again
 	stopOnce  sync.Once
 	stopped   chan struct{} // closed once the gRPC server has fully stopped
 }
 
+// Engines are the engines that answer RunService and WorkerService calls
+// (leader.Gate): EndLongCalls ends the long calls of the current one and
+// of any later one.
+type Engines interface {
+	transport.Engines
+	EndLongCalls()
+}
+
 // New builds a server answering RunService and WorkerService from eng. It
-// reports NOT_SERVING until Serve is called.
-func New(cfg Config, eng *engine.Engine, logger *slog.Logger) (*Server, error) {
+// reports NOT_SERVING until Serve is called, and for those two services
+// also until SetLeading(true).
+func New(cfg Config, eng Engines, logger *slog.Logger) (*Server, error) {
 	s, err := newServer(cfg, logger, func(r grpc.ServiceRegistrar) {
 		v1.RegisterRunServiceServer(r, transport.NewRunServer(eng, logger))
 		v1.RegisterWorkerServiceServer(r, transport.NewWorkerServer(eng, logger))
@@ -75,7 +86,7 @@ func newServer(cfg Config, logger *slog.Logger, register func(grpc.ServiceRegist
 	if !cfg.DisableReflection {
 		reflection.Register(s.grpc)
 	}
-	s.setHealth(healthpb.HealthCheckResponse_NOT_SERVING)
+	s.updateHealth()
 	return s, nil
 }
 
@@ -123,9 +134,8 @@ func (s *Server) Serve(lis net.Listener) error {
 		_ = lis.Close()
 		return nil
 	}
-	if !s.unhealthy {
-		s.setHealth(healthpb.HealthCheckResponse_SERVING)
-	}
+	s.serving = true
+	s.updateHealth()
 	s.mu.Unlock()
 	err := s.grpc.Serve(lis)
 	// ErrServerStopped means Shutdown won the race with the line above: the
@@ -206,14 +216,35 @@ func (s *Server) MarkUnhealthy(cause error) {
 		return
 	}
 	s.unhealthy = true
-	s.setHealth(healthpb.HealthCheckResponse_NOT_SERVING)
+	s.updateHealth()
 	s.log.Error("health: reporting NOT_SERVING until restarted", "err", cause)
 }
 
-func (s *Server) setHealth(st healthpb.HealthCheckResponse_ServingStatus) {
-	for _, name := range healthServices {
-		s.health.SetServingStatus(name, st)
+// SetLeading says whether this coordinator leads its group, so serves
+// RunService and WorkerService: their health follows it ("" does not, as
+// a follower is a healthy process).
+func (s *Server) SetLeading(leading bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.leading = leading
+	s.updateHealth()
+}
+
+// updateHealth sets the serving status of every name from the state; the
+// caller holds mu. After beginStop the health server ignores it.
+func (s *Server) updateHealth() {
+	up := s.serving && !s.unhealthy
+	s.health.SetServingStatus("", servingStatus(up))
+	for _, name := range leaderServices {
+		s.health.SetServingStatus(name, servingStatus(up && s.leading))
 	}
+}
+
+func servingStatus(up bool) healthpb.HealthCheckResponse_ServingStatus {
+	if up {
+		return healthpb.HealthCheckResponse_SERVING
+	}
+	return healthpb.HealthCheckResponse_NOT_SERVING
 }
 
 // Serving reports whether health checks are answered SERVING, for the

@@ -51,6 +51,7 @@ func newUnitServer(t *testing.T, cfg Config, register func(grpc.ServiceRegistrar
 func serveUnitServer(t *testing.T, srv *Server, logs *logsink.Buffer) *unitServer {
 	t.Helper()
 	lis := listenLoopback(t)
+	srv.SetLeading(true) // a lone coordinator leads
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(lis) }()
 	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))

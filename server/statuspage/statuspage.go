@@ -158,7 +158,11 @@ func (p *Page) fail(w http.ResponseWriter, err error) {
 	case errors.Is(err, engine.ErrNotFound):
 		http.Error(w, "run not found", http.StatusNotFound)
 	case errors.Is(err, engine.ErrUnavailable):
-		http.Error(w, "the coordinator is unavailable", http.StatusServiceUnavailable)
+		msg := "the coordinator is unavailable"
+		if ee, ok := errors.AsType[*engine.Error](err); ok {
+			msg = ee.Msg // a follower's says where the leader is
+		}
+		http.Error(w, msg, http.StatusServiceUnavailable)
 	default:
 		p.opts.Logger.Error("status page", "err", err)
 		http.Error(w, "internal error", http.StatusInternalServerError)

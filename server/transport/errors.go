@@ -29,6 +29,7 @@ var kindCodes = []struct {
 	{engine.ErrPermissionDenied, codes.PermissionDenied},
 	{engine.ErrResourceExhausted, codes.ResourceExhausted},
 	{engine.ErrUnavailable, codes.Unavailable},
+	{engine.ErrOutOfRange, codes.OutOfRange},
 }
 
 // sendError marks a failure of stream.Send: it is already a gRPC status
@@ -88,4 +89,20 @@ func safeMessage(err, kind error) string {
 		return ee.Msg
 	}
 	return kind.Error()
+}
+
+// ReasonNotLeader is the ErrorInfo reason of NotLeader.
+const ReasonNotLeader = "NOT_LEADER"
+
+// NotLeader is the answer of a coordinator that does not lead its group to
+// a RunService or WorkerService call: UNAVAILABLE, so clients retry, with
+// the leader's address (empty while none is known) in the message and in
+// ErrorInfo metadata "leader", so that they retry there.
+func NotLeader(leader string) error {
+	st := status.New(codes.Unavailable, "not the leader; the leader is at "+leader)
+	d, err := st.WithDetails(&errdetails.ErrorInfo{Reason: ReasonNotLeader, Domain: ErrorDomain, Metadata: map[string]string{"leader": leader}})
+	if err != nil {
+		return st.Err()
+	}
+	return d.Err()
 }

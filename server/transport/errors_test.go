@@ -28,6 +28,7 @@ func TestToStatusMapsEveryKind(t *testing.T) {
 		{engine.ErrPermissionDenied, codes.PermissionDenied},
 		{engine.ErrResourceExhausted, codes.ResourceExhausted},
 		{engine.ErrUnavailable, codes.Unavailable},
+		{engine.ErrOutOfRange, codes.OutOfRange},
 	}
 	if len(tests) != len(kindCodes) {
 		t.Fatalf("table has %d kinds, test covers %d: add the new kind here", len(kindCodes), len(tests))

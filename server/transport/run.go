@@ -7,7 +7,6 @@ import (
 	"google.golang.org/grpc"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
-	"github.com/snapcoord/snapcoord/server/engine"
 )
 
 // RunServer serves snapcoord.v1.RunService.
@@ -15,54 +14,54 @@ type RunServer struct {
 	// Embedded so that methods added to the proto answer UNIMPLEMENTED
 	// instead of breaking the build.
 	v1.UnimplementedRunServiceServer
-	eng *engine.Engine
-	log *slog.Logger
+	engines Engines
+	log     *slog.Logger
 }
 
-// NewRunServer returns a RunService backed by eng; log receives internal errors.
-func NewRunServer(eng *engine.Engine, log *slog.Logger) *RunServer {
-	return &RunServer{eng: eng, log: log}
+// NewRunServer returns a RunService backed by the engines; log receives internal errors.
+func NewRunServer(engines Engines, log *slog.Logger) *RunServer {
+	return &RunServer{engines: engines, log: log}
 }
 
 func (s *RunServer) CreateRun(ctx context.Context, req *v1.CreateRunRequest) (*v1.CreateRunResponse, error) {
-	return unary(ctx, s.log, req, s.eng.CreateRun)
+	return unary(ctx, s.log, req, s.engines.For(ctx).CreateRun)
 }
 
 func (s *RunServer) GetRun(ctx context.Context, req *v1.GetRunRequest) (*v1.GetRunResponse, error) {
-	return unary(ctx, s.log, req, s.eng.GetRun)
+	return unary(ctx, s.log, req, s.engines.For(ctx).GetRun)
 }
 
 func (s *RunServer) ListRuns(ctx context.Context, req *v1.ListRunsRequest) (*v1.ListRunsResponse, error) {
-	return unary(ctx, s.log, req, s.eng.ListRuns)
+	return unary(ctx, s.log, req, s.engines.For(ctx).ListRuns)
 }
 
 func (s *RunServer) UpdateDeadline(ctx context.Context, req *v1.UpdateDeadlineRequest) (*v1.UpdateDeadlineResponse, error) {
-	return unary(ctx, s.log, req, s.eng.UpdateDeadline)
+	return unary(ctx, s.log, req, s.engines.For(ctx).UpdateDeadline)
 }
 
 func (s *RunServer) TriggerDeadline(ctx context.Context, req *v1.TriggerDeadlineRequest) (*v1.TriggerDeadlineResponse, error) {
-	return unary(ctx, s.log, req, s.eng.TriggerDeadline)
+	return unary(ctx, s.log, req, s.engines.For(ctx).TriggerDeadline)
 }
 
 func (s *RunServer) CancelRun(ctx context.Context, req *v1.CancelRunRequest) (*v1.CancelRunResponse, error) {
-	return unary(ctx, s.log, req, s.eng.CancelRun)
+	return unary(ctx, s.log, req, s.engines.For(ctx).CancelRun)
 }
 
 func (s *RunServer) WatchRun(req *v1.WatchRunRequest, stream grpc.ServerStreamingServer[v1.WatchRunResponse]) error {
 	send := func(ev *v1.RunEvent) error { return sendWrapped(stream, &v1.WatchRunResponse{Event: ev}) }
-	return toStatus(stream.Context(), s.log, s.eng.WatchRun(stream.Context(), req, send))
+	return toStatus(stream.Context(), s.log, s.engines.For(stream.Context()).WatchRun(stream.Context(), req, send))
 }
 
 func (s *RunServer) ListWorkers(ctx context.Context, req *v1.ListWorkersRequest) (*v1.ListWorkersResponse, error) {
-	return unary(ctx, s.log, req, s.eng.ListWorkers)
+	return unary(ctx, s.log, req, s.engines.For(ctx).ListWorkers)
 }
 
 func (s *RunServer) ListSnapshots(ctx context.Context, req *v1.ListSnapshotsRequest) (*v1.ListSnapshotsResponse, error) {
-	return unary(ctx, s.log, req, s.eng.ListSnapshots)
+	return unary(ctx, s.log, req, s.engines.For(ctx).ListSnapshots)
 }
 
 func (s *RunServer) ReissueRunToken(ctx context.Context, req *v1.ReissueRunTokenRequest) (*v1.ReissueRunTokenResponse, error) {
-	return unary(ctx, s.log, req, s.eng.ReissueRunToken)
+	return unary(ctx, s.log, req, s.engines.For(ctx).ReissueRunToken)
 }
 
 // unary calls one engine method and maps its error: the whole body of every

@@ -675,7 +675,8 @@ type WatchRunRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The run.
 	RunId string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
-	// Send events with seq > after_seq; 0 for all that are kept.
+	// Send events with seq > after_seq; 0 for all that are kept. Past the
+	// run's last event, OUT_OF_RANGE: read again from 0.
 	AfterSeq int64 `protobuf:"varint,2,opt,name=after_seq,json=afterSeq,proto3" json:"after_seq,omitempty"`
 	// End the stream once the backlog was sent instead of following.
 	NoFollow      bool `protobuf:"varint,3,opt,name=no_follow,json=noFollow,proto3" json:"no_follow,omitempty"`

@@ -1070,6 +1070,9 @@ type StreamCommandsRequest struct {
 	// From RegisterWorker.
 	WorkerId string `protobuf:"bytes,2,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
 	// Send commands with seq > after_seq: 0 from the start, else the last seen.
+	// Past the run's last command, OUT_OF_RANGE: the caller saw a log this
+	// coordinator does not have (restored or replaced) and must read it again
+	// from 0.
 	AfterSeq int64 `protobuf:"varint,3,opt,name=after_seq,json=afterSeq,proto3" json:"after_seq,omitempty"`
 	// The incarnation RegisterWorker returned. If another process has
 	// registered under the worker's name since, the call fails with
@@ -1192,6 +1195,7 @@ type PollCommandsRequest struct {
 	// From RegisterWorker.
 	WorkerId string `protobuf:"bytes,2,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
 	// Return commands with seq > after_seq: 0 from the start, else the last seen.
+	// Past the run's last command, OUT_OF_RANGE (as in StreamCommandsRequest).
 	AfterSeq int64 `protobuf:"varint,3,opt,name=after_seq,json=afterSeq,proto3" json:"after_seq,omitempty"`
 	// Wait up to this long for a command when none is pending; 0 returns at
 	// once. The server caps it (60 s by default). 0..3600.

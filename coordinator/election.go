@@ -1,0 +1,207 @@
+package coordinator
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"go.etcd.io/etcd/client/pkg/v3/transport"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+	"go.uber.org/zap"
+
+	"github.com/snapcoord/snapcoord/store/etcdstore"
+)
+
+// With the etcd store, the coordinators sharing a prefix elect a leader
+// (etcd's concurrency election under <prefix>/leader, the value being the
+// leader's advertised address). Each term won opens the store fenced by
+// the election key, loads the engine from it as a restart does, and opens
+// the gate; the term ends when the session's lease is lost, a commit is
+// refused or the engine fails otherwise, or the coordinator shuts down:
+// the gate closes first, then the engine and the store, and this
+// coordinator campaigns again.
+
+const (
+	// campaignRetry is the pause after a failed campaign (etcd
+	// unreachable, say) before the next.
+	campaignRetry = 500 * time.Millisecond
+	// termCheckInterval is how often a leader checks that its engine can
+	// still commit; a refused (fenced) commit ends the term within it.
+	termCheckInterval = 50 * time.Millisecond
+)
+
+// electionKey is the election's prefix under the store's.
+func (c EtcdConfig) electionKey() string { return c.Prefix + "/leader" }
+
+// tlsConfig is the client TLS of CAFile, CertFile and KeyFile; nil without
+// a CA file (plaintext).
+func (c EtcdConfig) tlsConfig() (*tls.Config, error) {
+	if c.CAFile == "" && c.CertFile == "" {
+		return nil, nil
+	}
+	info := transport.TLSInfo{TrustedCAFile: c.CAFile, CertFile: c.CertFile, KeyFile: c.KeyFile}
+	cfg, err := info.ClientConfig()
+	if err != nil {
+		return nil, fmt.Errorf("etcd TLS: %w", err)
+	}
+	return cfg, nil
+}
+
+// connectEtcd makes the etcd client. It does not wait for etcd: the
+// election retries until it is reachable.
+func (c *Coordinator) connectEtcd() error {
+	tlsCfg, err := c.cfg.Etcd.tlsConfig()
+	if err != nil {
+		return err
+	}
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints: c.cfg.Etcd.Endpoints,
+		TLS:       tlsCfg,
+		// A dead member is noticed well within an election TTL.
+		DialKeepAliveTime:    time.Second,
+		DialKeepAliveTimeout: time.Second,
+		Logger:               zap.NewNop(),
+	})
+	if err != nil {
+		return fmt.Errorf("etcd client: %w", err)
+	}
+	c.etcd = cli
+	c.defer_(func() { _ = cli.Close() })
+	return nil
+}
+
+// startElection campaigns, in the background until release, for the
+// leadership of the group, serving each term won; self is the address the
+// others name as the leader's meanwhile.
+func (c *Coordinator) startElection(self string) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for ctx.Err() == nil {
+			if err := c.campaign(ctx, self); err != nil && ctx.Err() == nil {
+				c.log.Warn("election: campaign failed; retrying", "err", err)
+				select {
+				case <-ctx.Done():
+				case <-time.After(campaignRetry):
+				}
+			}
+		}
+	}()
+	c.defer_(func() {
+		cancel()
+		<-done
+	})
+}
+
+// campaign is one election session: it follows until it wins, then leads
+// until the term ends. Closing the session revokes its lease, so that a
+// coordinator stepping down (or shutting down) hands over at once.
+func (c *Coordinator) campaign(ctx context.Context, self string) error {
+	// Once granted, the session outlives ctx just long enough for Close to
+	// revoke it; until then, ctx's end (shutdown) cancels the grant, which
+	// would otherwise wait for an unreachable etcd for good.
+	sessCtx, endSess := context.WithCancel(context.WithoutCancel(ctx))
+	defer endSess()
+	stopEarly := context.AfterFunc(ctx, endSess)
+	sess, err := concurrency.NewSession(c.etcd, concurrency.WithTTL(int(c.cfg.ElectionTTL/time.Second)), concurrency.WithContext(sessCtx))
+	stopEarly()
+	if err != nil {
+		return fmt.Errorf("election session: %w", err)
+	}
+	defer func() { _ = sess.Close() }()
+	// Whatever happens, nothing of this session is waited for once its
+	// lease is gone or ctx ends.
+	live, stop := context.WithCancelCause(ctx)
+	var wg sync.WaitGroup
+	defer func() {
+		stop(nil)
+		wg.Wait()
+	}()
+	wg.Go(func() {
+		select {
+		case <-sess.Done():
+			stop(errLeaseLost)
+		case <-live.Done():
+		}
+	})
+	el := concurrency.NewElection(sess, c.cfg.Etcd.electionKey())
+	c.gate.Follow("")
+	wg.Go(func() { c.observe(live, el) })
+	if err := el.Campaign(live, self); err != nil {
+		return fmt.Errorf("campaign: %w", err)
+	}
+	return c.lead(live, el, self)
+}
+
+// observe tells the gate the leader's address as it changes, for the
+// NOT_LEADER answers of a follower.
+func (c *Coordinator) observe(ctx context.Context, el *concurrency.Election) {
+	for resp := range el.Observe(ctx) {
+		if len(resp.Kvs) > 0 {
+			addr := string(resp.Kvs[0].Value)
+			c.gate.Follow(addr)
+			c.log.Info("leader observed", "leader", addr)
+		}
+	}
+}
+
+// lead serves one term: it opens the store fenced by this term's election
+// key, loads the engine as a restart does (which re-arms the leases, the
+// timers and the restart grace), opens the gate, and waits for the term to
+// end; then it closes the gate, the engine and the store (campaign then
+// closes the session, which resigns). ctx ends when the session's lease is
+// lost or the coordinator shuts down.
+func (c *Coordinator) lead(ctx context.Context, el *concurrency.Election, self string) error {
+	fence := etcdstore.Fence{Key: el.Key(), Revision: el.Rev()}
+	st, err := etcdstore.Open(ctx, c.etcd, c.cfg.Etcd.Prefix, fence, etcdstore.Options{OnCommit: c.tel.OnCommit})
+	if err != nil {
+		return fmt.Errorf("open the etcd store: %w", err)
+	}
+	defer func() {
+		if err := st.Close(); err != nil {
+			c.log.Warn("closing the etcd store", "err", err)
+		}
+	}()
+	eng, err := c.loadEngine(ctx, st)
+	if err != nil {
+		return fmt.Errorf("load state from etcd: %w", err)
+	}
+	c.gate.Lead(eng, self)
+	c.log.Info("leading", "addr", self, "election_key", fence.Key, "revision", fence.Revision)
+	cause := c.serveTerm(ctx, eng)
+	c.gate.StepDown()
+	eng.Close()
+	if errors.Is(cause, context.Canceled) {
+		c.log.Info("stepped down", "cause", "shutting down")
+	} else {
+		c.log.Warn("stepped down", "cause", cause)
+	}
+	return nil
+}
+
+// errLeaseLost ends a term whose election session expired: another
+// coordinator may lead already.
+var errLeaseLost = errors.New("election session lost (lease expired or revoked)")
+
+// serveTerm waits for the end of a term and returns its cause:
+// errLeaseLost, the engine's failure (a refused commit among them), or
+// ctx's end at shutdown.
+func (c *Coordinator) serveTerm(ctx context.Context, eng interface{ Healthy() error }) error {
+	tick := time.NewTicker(termCheckInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		case <-tick.C:
+			if err := eng.Healthy(); err != nil {
+				return err
+			}
+		}
+	}
+}

@@ -1,0 +1,227 @@
+// Package leader is the follower gate of a coordinator group on one store:
+// only the coordinator that leads serves RunService and WorkerService, each
+// call with the engine of the term it arrived in, and a term ends before
+// the next can begin anywhere (the store fences every commit by it).
+package leader
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+
+	middleware "github.com/grpc-ecosystem/go-grpc-middleware/v2"
+	"google.golang.org/grpc"
+
+	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+	"github.com/snapcoord/snapcoord/server/engine"
+	"github.com/snapcoord/snapcoord/server/transport"
+	"github.com/snapcoord/snapcoord/store"
+)
+
+// errDeposed cancels the calls of a term that ended; clients never see it.
+var errDeposed = errors.New("leadership lost")
+
+// Gate lets RunService and WorkerService calls through while this
+// coordinator leads, each to the engine of its term, and answers them
+// transport.NotLeader while it follows. It also stands for the current
+// engine towards authentication, telemetry and the status page.
+type Gate struct {
+	// health is told whether this coordinator leads, under mu, so that the
+	// serving status and the gate never disagree in their order.
+	health func(leading bool)
+
+	mu     sync.Mutex
+	term   *term  // nil while following
+	leader string // the leader's address; "" while none is known
+	ending bool   // EndLongCalls was called: the server shuts down
+}
+
+// term is one period of leadership with its engine.
+type term struct {
+	eng *engine.Engine
+	ctx context.Context // cancelled with errDeposed when the term ends
+	end context.CancelCauseFunc
+	// calls are those let through in this term; StepDown waits for them.
+	calls sync.WaitGroup
+}
+
+// New returns a closed gate (following, no leader known). health is told
+// each change of leadership.
+func New(health func(leading bool)) *Gate {
+	return &Gate{health: health}
+}
+
+// Lead opens the gate on eng for a term this coordinator won; self is the
+// address clients reach it at.
+func (g *Gate) Lead(eng *engine.Engine, self string) {
+	ctx, end := context.WithCancelCause(context.Background())
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.term, g.leader = &term{eng: eng, ctx: ctx, end: end}, self
+	if g.ending {
+		eng.EndLongCalls()
+	}
+	g.health(true)
+}
+
+// Follow records the leader's address as observed ("" when there is none).
+// It is ignored while this coordinator leads.
+func (g *Gate) Follow(leader string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.term == nil {
+		g.leader = leader
+	}
+}
+
+// StepDown ends the current term: health turns NOT_SERVING and the gate
+// refuses new calls first, then the calls of the term are cancelled (they
+// end UNAVAILABLE with NOT_LEADER) and StepDown waits for them to return.
+// It returns the term's engine, for the caller to close, or nil if this
+// coordinator did not lead.
+func (g *Gate) StepDown() *engine.Engine {
+	g.mu.Lock()
+	t := g.term
+	if t == nil {
+		g.mu.Unlock()
+		return nil
+	}
+	g.term, g.leader = nil, ""
+	g.health(false)
+	g.mu.Unlock()
+	t.end(errDeposed)
+	t.eng.EndLongCalls()
+	t.calls.Wait()
+	return t.eng
+}
+
+// EndLongCalls ends the long calls of this term and of any later one: the
+// server is shutting down (see grpcserver.Server.Shutdown).
+func (g *Gate) EndLongCalls() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.ending = true
+	if g.term != nil {
+		g.term.eng.EndLongCalls()
+	}
+}
+
+// Leader is the leader's address: this coordinator's own while it leads,
+// "" while no leader is known.
+func (g *Gate) Leader() (addr string, self bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.leader, g.term != nil
+}
+
+// Current is the engine of the current term, or nil while following.
+func (g *Gate) Current() *engine.Engine {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.term == nil {
+		return nil
+	}
+	return g.term.eng
+}
+
+// For is the engine of the term a call was let in by the interceptors; it
+// is for the handlers behind them (transport.Engines).
+func (g *Gate) For(ctx context.Context) *engine.Engine {
+	return ctx.Value(termKey{}).(*term).eng
+}
+
+type termKey struct{}
+
+// enter admits a call into the current term, or returns the leader's
+// address to send it to.
+func (g *Gate) enter() (*term, string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.term == nil {
+		return nil, g.leader
+	}
+	g.term.calls.Add(1)
+	return g.term, ""
+}
+
+// refused is the answer to a call whose term ended under it. A term whose
+// commit was refused may not have ended yet: this coordinator does not
+// name itself then, as it is the leader no more.
+func (g *Gate) refused() error {
+	addr, self := g.Leader()
+	if self {
+		addr = ""
+	}
+	return transport.NotLeader(addr)
+}
+
+// gated reports whether a method is one only the leader serves.
+func gated(fullMethod string) bool {
+	return strings.HasPrefix(fullMethod, "/"+v1.RunService_ServiceDesc.ServiceName+"/") ||
+		strings.HasPrefix(fullMethod, "/"+v1.WorkerService_ServiceDesc.ServiceName+"/")
+}
+
+// bind derives a call's context: it carries the term, and is cancelled
+// when the term ends.
+func (t *term) bind(parent context.Context) (context.Context, func()) {
+	ctx, cancel := context.WithCancelCause(context.WithValue(parent, termKey{}, t))
+	stop := context.AfterFunc(t.ctx, func() { cancel(errDeposed) })
+	return ctx, func() {
+		stop()
+		cancel(nil)
+		t.calls.Done()
+	}
+}
+
+// over reports whether the term ended, or is ending because the store
+// refused a commit of its engine (another coordinator took over; this one
+// steps down within moments). A failed call of such a term is answered
+// NOT_LEADER, whatever the engine said about the cancellation or refusal.
+func (t *term) over() bool {
+	return t.ctx.Err() != nil || errors.Is(t.eng.Healthy(), store.ErrFenced)
+}
+
+// UnaryServerInterceptor gates unary RunService and WorkerService calls.
+func (g *Gate) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		if !gated(info.FullMethod) {
+			return handler(ctx, req)
+		}
+		t, leader := g.enter()
+		if t == nil {
+			return nil, transport.NotLeader(leader)
+		}
+		ctx, done := t.bind(ctx)
+		defer done()
+		resp, err := handler(ctx, req)
+		if err != nil && t.over() {
+			return nil, g.refused()
+		}
+		return resp, err
+	}
+}
+
+// StreamServerInterceptor gates RunService and WorkerService streams. A
+// stream of a term that ended is answered NOT_LEADER even if it ended
+// cleanly: the client resumes on the leader, which knows.
+func (g *Gate) StreamServerInterceptor() grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		if !gated(info.FullMethod) {
+			return handler(srv, ss)
+		}
+		t, leader := g.enter()
+		if t == nil {
+			return transport.NotLeader(leader)
+		}
+		ctx, done := t.bind(ss.Context())
+		defer done()
+		wrapped := middleware.WrapServerStream(ss)
+		wrapped.WrappedContext = ctx
+		err := handler(srv, wrapped)
+		if t.over() {
+			return g.refused()
+		}
+		return err
+	}
+}

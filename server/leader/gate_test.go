@@ -1,0 +1,164 @@
+package leader
+
+import (
+	"context"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+
+	"go.uber.org/goleak"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/snapcoord/snapcoord/server/engine"
+	"github.com/snapcoord/snapcoord/store"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// newEngine is a real engine on a bbolt file in t.TempDir().
+func newEngine(t *testing.T) *engine.Engine {
+	t.Helper()
+	db, err := store.Open(filepath.Join(t.TempDir(), "snapcoord.db"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eng, err := engine.New(t.Context(), db, engine.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		eng.Close()
+		_ = db.Close()
+	})
+	return eng
+}
+
+const (
+	createRun = "/snapcoord.v1.RunService/CreateRun"
+	heartbeat = "/snapcoord.v1.WorkerService/Heartbeat"
+	healthChk = "/grpc.health.v1.Health/Check"
+)
+
+// wantNotLeader checks err is UNAVAILABLE with the NOT_LEADER detail
+// naming leader.
+func wantNotLeader(t *testing.T, err error, leader string) {
+	t.Helper()
+	st := status.Convert(err)
+	if st.Code() != codes.Unavailable || st.Message() != "not the leader; the leader is at "+leader {
+		t.Fatalf("err = %v; want UNAVAILABLE \"not the leader; the leader is at %s\"", err, leader)
+	}
+	for _, d := range st.Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetReason() == "NOT_LEADER" && info.GetDomain() == "snapcoord.v1" {
+			if got, ok := info.GetMetadata()["leader"]; !ok || got != leader {
+				t.Fatalf("ErrorInfo leader = %q (present %v), want %q", got, ok, leader)
+			}
+			return
+		}
+	}
+	t.Fatalf("no NOT_LEADER ErrorInfo in %v", st.Details())
+}
+
+func unaryCall(g *Gate, method string, handler grpc.UnaryHandler) error {
+	_, err := g.UnaryServerInterceptor()(context.Background(), nil, &grpc.UnaryServerInfo{FullMethod: method}, handler)
+	return err
+}
+
+func TestFollowerRefusesWithTheLeadersAddress(t *testing.T) {
+	var leading []bool
+	g := New(func(l bool) { leading = append(leading, l) })
+	ran := false
+	handler := func(context.Context, any) (any, error) { ran = true; return nil, nil }
+
+	wantNotLeader(t, unaryCall(g, createRun, handler), "")
+	g.Follow("10.0.0.2:7070")
+	wantNotLeader(t, unaryCall(g, heartbeat, handler), "10.0.0.2:7070")
+	if ran {
+		t.Fatal("a follower ran a RunService or WorkerService handler")
+	}
+	// Other services (health, reflection) are not the gate's business.
+	if err := unaryCall(g, healthChk, handler); err != nil || !ran {
+		t.Fatalf("health call: err %v, ran %v; want it through", err, ran)
+	}
+	if len(leading) != 0 {
+		t.Fatalf("health told %v without a change of leadership", leading)
+	}
+}
+
+func TestLeaderServesWithItsTermsEngine(t *testing.T) {
+	var leading []bool
+	g := New(func(l bool) { leading = append(leading, l) })
+	eng := newEngine(t)
+	g.Lead(eng, "10.0.0.1:7070")
+	g.Follow("10.0.0.2:7070") // stale news while leading: ignored
+	var got *engine.Engine
+	err := unaryCall(g, createRun, func(ctx context.Context, _ any) (any, error) { got = g.For(ctx); return nil, nil })
+	if err != nil || got != eng {
+		t.Fatalf("leading: err %v, engine %p; want nil and the term's %p", err, got, eng)
+	}
+	if addr, self := g.Leader(); addr != "10.0.0.1:7070" || !self {
+		t.Fatalf("Leader() = %q, %v; want itself", addr, self)
+	}
+	if g.StepDown() != eng {
+		t.Fatal("StepDown did not return the term's engine")
+	}
+	if g.StepDown() != nil {
+		t.Fatal("a second StepDown returned an engine")
+	}
+	wantNotLeader(t, unaryCall(g, createRun, func(context.Context, any) (any, error) { return nil, nil }), "")
+	if len(leading) != 2 || !leading[0] || leading[1] {
+		t.Fatalf("health told %v; want [true false]", leading)
+	}
+}
+
+// A call in flight when the term ends is cancelled and answered
+// NOT_LEADER, and StepDown returns only once it has: the engine is closed
+// after no call of its term can still use it.
+func TestStepDownEndsCallsInFlightFirst(t *testing.T) {
+	g := New(func(bool) {})
+	g.Lead(newEngine(t), "10.0.0.1:7070")
+	entered := make(chan struct{})
+	var returned atomic.Bool
+	errc := make(chan error, 1)
+	go func() {
+		errc <- unaryCall(g, heartbeat, func(ctx context.Context, _ any) (any, error) {
+			close(entered)
+			<-ctx.Done()
+			returned.Store(true)
+			return nil, ctx.Err()
+		})
+	}()
+	<-entered
+	g.StepDown()
+	if !returned.Load() {
+		t.Fatal("StepDown returned before the call in flight did")
+	}
+	wantNotLeader(t, <-errc, "")
+}
+
+func TestStreamOfAnEndedTermIsRefused(t *testing.T) {
+	g := New(func(bool) {})
+	g.Lead(newEngine(t), "10.0.0.1:7070")
+	entered := make(chan struct{})
+	errc := make(chan error, 1)
+	info := &grpc.StreamServerInfo{FullMethod: "/snapcoord.v1.WorkerService/StreamCommands", IsServerStream: true}
+	go func() {
+		errc <- g.StreamServerInterceptor()(nil, fakeStream{ctx: context.Background()}, info, func(_ any, ss grpc.ServerStream) error {
+			close(entered)
+			<-ss.Context().Done()
+			return nil // even a clean end
+		})
+	}()
+	<-entered
+	g.StepDown()
+	wantNotLeader(t, <-errc, "")
+}
+
+type fakeStream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+func (f fakeStream) Context() context.Context { return f.ctx }

@@ -1,0 +1,85 @@
+package leader
+
+import (
+	"context"
+
+	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+	"github.com/snapcoord/snapcoord/server/engine"
+)
+
+// The methods below let the gate stand for the current engine where the
+// coordinator's other parts read it (authentication, telemetry, the status
+// page): while following there is no engine, and they see no runs.
+
+// RunForToken resolves a run token with the current engine (auth.RunResolver).
+func (g *Gate) RunForToken(token string) (string, bool) {
+	if e := g.Current(); e != nil {
+		return e.RunForToken(token)
+	}
+	return "", false
+}
+
+// Stats are the current engine's counts; zero while following.
+func (g *Gate) Stats() engine.Stats {
+	if e := g.Current(); e != nil {
+		return e.Stats()
+	}
+	return engine.Stats{}
+}
+
+// LiveRuns are the current engine's runs; none while following.
+func (g *Gate) LiveRuns() []engine.LiveRun {
+	if e := g.Current(); e != nil {
+		return e.LiveRuns()
+	}
+	return nil
+}
+
+// Healthy is the current engine's Healthy; nil while following.
+func (g *Gate) Healthy() error {
+	if e := g.Current(); e != nil {
+		return e.Healthy()
+	}
+	return nil
+}
+
+// notLeading is what the status page's reads get while following.
+func (g *Gate) notLeading() error {
+	addr, _ := g.Leader()
+	if addr == "" {
+		addr = "unknown"
+	}
+	return &engine.Error{Kind: engine.ErrUnavailable, Msg: "this coordinator follows; the leader is at " + addr}
+}
+
+// ListRuns is the current engine's (statuspage.Runs).
+func (g *Gate) ListRuns(ctx context.Context, req *v1.ListRunsRequest) (*v1.ListRunsResponse, error) {
+	if e := g.Current(); e != nil {
+		return e.ListRuns(ctx, req)
+	}
+	return nil, g.notLeading()
+}
+
+// GetRun is the current engine's (statuspage.Runs).
+func (g *Gate) GetRun(ctx context.Context, req *v1.GetRunRequest) (*v1.GetRunResponse, error) {
+	if e := g.Current(); e != nil {
+		return e.GetRun(ctx, req)
+	}
+	return nil, g.notLeading()
+}
+
+// WatchRun is the current engine's (statuspage.Runs).
+func (g *Gate) WatchRun(ctx context.Context, req *v1.WatchRunRequest, send func(*v1.RunEvent) error) error {
+	if e := g.Current(); e != nil {
+		return e.WatchRun(ctx, req, send)
+	}
+	return g.notLeading()
+}
+
+// ListSnapshots is the current engine's (statuspage.Runs).
+func (g *Gate) ListSnapshots(ctx context.Context, req *v1.ListSnapshotsRequest) (*v1.ListSnapshotsResponse, error) {
+	if e := g.Current(); e != nil {
+		return e.ListSnapshots(ctx, req)
+	}
+	return nil, g.notLeading()
+}

@@ -110,8 +110,9 @@ class _Retry(grpc.UnaryUnaryClientInterceptor):
     A call's timeout bounds all its attempts together, as a Go context does.
     """
 
-    def __init__(self, policy: RetryPolicy) -> None:
+    def __init__(self, policy: RetryPolicy, follow: Optional[grpc.Channel] = None) -> None:
         self._policy = policy
+        self._follow = follow  # the channel over several addresses, if it is one
 
     def intercept_unary_unary(self, continuation, details, request):  # type: ignore[override]
         if self._policy.max_attempts <= 1:
@@ -130,7 +131,40 @@ class _Retry(grpc.UnaryUnaryClientInterceptor):
                 if left <= wait:
                     return call
                 details = _with(details, timeout=left - wait)
+            self._pause(wait)
+
+    def _pause(self, wait: float) -> None:
+        if self._follow is None:
             time.sleep(wait)
+            return
+        # Wait while the channel tries to connect (see _WaitForReady).
+        ready = grpc.channel_ready_future(self._follow)
+        end = time.monotonic() + wait
+        try:
+            ready.result(timeout=wait)
+        except grpc.FutureTimeoutError:
+            pass
+        finally:
+            ready.cancel()
+        time.sleep(max(0.0, end - time.monotonic()))
+
+
+class _WaitForReady(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
+    """With several addresses, a worker's own calls (heartbeats, polls, the
+    command stream, re-registration) wait within their timeouts for a
+    coordinator to serve, rather than fail at once during an election.
+
+    The wait is also what makes the channel reconnect promptly: in grpcio's C
+    core (1.51), a balancer's reconnection timers fire only while something
+    polls the channel, or else every 5 s (the backup poller); a call that
+    fails at once polls nothing, and a worker would take up to 10 s to see
+    a restarted coordinator again."""
+
+    def intercept_unary_unary(self, continuation, details, request):  # type: ignore[override]
+        return continuation(_with(details, wait_for_ready=True), request)
+
+    def intercept_unary_stream(self, continuation, details, request):  # type: ignore[override]
+        return continuation(_with(details, wait_for_ready=True), request)
 
 
 def _retryable(call: Any, safe: bool) -> bool:
@@ -149,6 +183,8 @@ class Client:
     ``SnapcoordError`` subclasses. Thread-safe; close it when done (or use it
     as a context manager). Workers started from one Client share its
     connection, which is what a process hosting many should do.
+    ``follow_leader``: the channel balances over several coordinators
+    (connect() sets it).
     """
 
     def __init__(
@@ -160,11 +196,12 @@ class Client:
         run_id: str = "",
         timeout: Optional[float] = None,
         retry: RetryPolicy = DEFAULT_RETRY,
+        follow_leader: bool = False,
     ) -> None:
         self._channel = channel
         bearer = _Bearer(admin_token, run_token)
-        retried = grpc.intercept_channel(channel, bearer, _Retry(retry))
-        once = grpc.intercept_channel(channel, bearer)
+        retried = grpc.intercept_channel(channel, bearer, _Retry(retry, channel if follow_leader else None))
+        once = grpc.intercept_channel(channel, bearer, *([_WaitForReady()] if follow_leader else []))
         self.runs = run_service_pb2_grpc.RunServiceStub(retried)
         self.workers = worker_service_pb2_grpc.WorkerServiceStub(retried)
         # For a worker's periodic calls (heartbeats, polls, re-registration):
@@ -330,7 +367,15 @@ def connect(
         if name:
             opts.append(("grpc.ssl_target_name_override", name))
         channel = grpc.secure_channel(target, _credentials(tls), options=opts)
-    return Client(channel, admin_token=admin, run_token=run, run_id=run_id or env.get("SNAPCOORD_RUN_ID", ""), timeout=timeout, retry=retry)
+    return Client(
+        channel,
+        admin_token=admin,
+        run_token=run,
+        run_id=run_id or env.get("SNAPCOORD_RUN_ID", ""),
+        timeout=timeout,
+        retry=retry,
+        follow_leader=len(addrs) > 1,
+    )
 
 
 def split_addrs(addr: Union[str, Sequence[str]]) -> list[str]:

@@ -93,6 +93,27 @@ func (kv boltKV) Scan(_ context.Context, b Bucket, prefix, from []byte, fn func(
 	return nil
 }
 
+// GetAll is one Get per key: each is a lookup in the mapped file.
+func (kv boltKV) GetAll(_ context.Context, b Bucket, keys [][]byte) ([][]byte, error) {
+	bk := kv.tx.Bucket(allBuckets[b])
+	vals := make([][]byte, len(keys))
+	for i, k := range keys {
+		vals[i] = bk.Get(k)
+	}
+	return vals, nil
+}
+
+// ScanAll is one Scan per prefix.
+func (kv boltKV) ScanAll(ctx context.Context, b Bucket, prefixes [][]byte, fn func(i int, k, v []byte) error) error {
+	for i, p := range prefixes {
+		err := kv.Scan(ctx, b, p, nil, func(k, v []byte) (bool, error) { return true, fn(i, k, v) })
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // Check runs bbolt's consistency check and returns its first finding.
 func (db *DB) Check() error {
 	// Commits are held off: the check reads bbolt's freelist, which a

@@ -351,6 +351,42 @@ func TestSameStateAsBbolt(t *testing.T) {
 	t.Logf("%d records compared, %d read", compared, read)
 }
 
+// Snapshots of more records than a txn holds reads them over several
+// txns on etcd, and returns what bbolt returns.
+func TestSnapshotsAcrossTxnsAsBbolt(t *testing.T) {
+	cli := sharedClient(t)
+	ec := open(t, cli, prefixOf(t), etcdstore.Fence{}, etcdstore.Options{MaxTxnOps: 8, PageSize: 3})
+	bb, err := store.Open(filepath.Join(t.TempDir(), "snapcoord.db"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = bb.Close() })
+	var ids []string
+	for _, s := range []store.Store{bb, ec} {
+		commit(t, s, runBatch("r"))
+	}
+	for i := range 60 {
+		id := fmt.Sprint("snap-", i+1)
+		ids = append(ids, id)
+		for _, s := range []store.Store{bb, ec} {
+			b := &store.Batch{}
+			b.PutSnapshot("r", &snapcoordv1.Snapshot{SnapshotId: id, AnchorStep: int64(i)})
+			for w := range i % 6 { // up to 5 reports, within 8 operations
+				b.PutSnapshotReport("r", id, &snapcoordv1.SnapshotReport{WorkerId: fmt.Sprint("w", w), Message: id})
+			}
+			commit(t, s, b)
+		}
+	}
+	rand.New(rand.NewPCG(1, 2)).Shuffle(len(ids), func(i, j int) { ids[i], ids[j] = ids[j], ids[i] })
+	for _, ask := range [][]string{ids, append(ids[:50:50], "snap-0")} {
+		want, wantErr := readSnapshots(t, bb, "r", ask, len(ask))
+		got, gotErr := readSnapshots(t, ec, "r", ask, len(ask))
+		if n := assertSameMessages(t, fmt.Sprint(len(ask), " snapshots"), want, got, wantErr, gotErr); n < 150 {
+			t.Errorf("%d records read, want at least 150", n)
+		}
+	}
+}
+
 // sameReadIDs are the snapshot ids asked of Snapshots: randomOps' and one
 // never stored, in orders other than the stored one, repeated.
 var sameReadIDs = [][]string{

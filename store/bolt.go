@@ -73,7 +73,7 @@ func (kv boltKV) Get(_ context.Context, b Bucket, key []byte) ([]byte, error) {
 	return kv.tx.Bucket(allBuckets[b]).Get(key), nil
 }
 
-func (kv boltKV) Scan(_ context.Context, b Bucket, prefix, from []byte, fn func(k, v []byte) (bool, error)) error {
+func (kv boltKV) Scan(_ context.Context, b Bucket, prefix, from []byte, _ int, fn func(k, v []byte) (bool, error)) error {
 	c := kv.tx.Bucket(allBuckets[b]).Cursor()
 	start := prefix
 	if bytes.Compare(from, prefix) > 0 {
@@ -106,7 +106,7 @@ func (kv boltKV) GetAll(_ context.Context, b Bucket, keys [][]byte) ([][]byte, e
 // ScanAll is one Scan per prefix.
 func (kv boltKV) ScanAll(ctx context.Context, b Bucket, prefixes [][]byte, fn func(i int, k, v []byte) error) error {
 	for i, p := range prefixes {
-		err := kv.Scan(ctx, b, p, nil, func(k, v []byte) (bool, error) { return true, fn(i, k, v) })
+		err := kv.Scan(ctx, b, p, nil, 0, func(k, v []byte) (bool, error) { return true, fn(i, k, v) })
 		if err != nil {
 			return err
 		}

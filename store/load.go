@@ -46,7 +46,9 @@ type KV interface {
 	Get(ctx context.Context, b Bucket, key []byte) ([]byte, error)
 	// Scan calls fn with the keys of bucket b that start with prefix and
 	// are not below from, in byte order, until fn returns false or an error.
-	Scan(ctx context.Context, b Bucket, prefix, from []byte, fn func(k, v []byte) (bool, error)) error
+	// want, if above 0, says fn takes no more than want keys, so that a
+	// backend reading in pages reads no more.
+	Scan(ctx context.Context, b Bucket, prefix, from []byte, want int, fn func(k, v []byte) (bool, error)) error
 	// GetAll returns the values of keys in bucket b, in the order of keys;
 	// nil for a key not stored. Where every read is a round trip, as on
 	// etcd, the backend reads them together.
@@ -70,7 +72,7 @@ type Reader struct{ Viewer Viewer }
 
 // each calls fn for every record of bucket b whose key starts with prefix.
 func each(ctx context.Context, kv KV, b Bucket, prefix []byte, fn func(k, v []byte) error) error {
-	return kv.Scan(ctx, b, prefix, nil, func(k, v []byte) (bool, error) { return true, fn(k, v) })
+	return kv.Scan(ctx, b, prefix, nil, 0, func(k, v []byte) (bool, error) { return true, fn(k, v) })
 }
 
 // Load reads every run, sorted by run id, from one view, with its steps
@@ -158,7 +160,7 @@ func (r Reader) Events(runID string, after, upTo int64, limit int) ([]*snapcoord
 		if limit <= 0 {
 			return nil
 		}
-		return kv.Scan(ctx, idEvents, runPrefix(runID), seqKey(runID, after+1), func(k, v []byte) (bool, error) {
+		return kv.Scan(ctx, idEvents, runPrefix(runID), seqKey(runID, after+1), limit, func(k, v []byte) (bool, error) {
 			seq, err := seqOf(idEvents, k)
 			if err != nil || seq > upTo {
 				return false, err

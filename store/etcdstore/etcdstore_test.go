@@ -468,7 +468,7 @@ func dump(t *testing.T, s store.Viewer) map[string]string {
 	out := map[string]string{}
 	err := s.View(testCtx(t), func(kv store.KV) error {
 		for _, b := range store.Buckets() {
-			err := kv.Scan(testCtx(t), b, nil, nil, func(k, v []byte) (bool, error) {
+			err := kv.Scan(testCtx(t), b, nil, nil, 0, func(k, v []byte) (bool, error) {
 				out[b.String()+"/"+string(k)] = string(v)
 				return true, nil
 			})

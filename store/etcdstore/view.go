@@ -85,7 +85,12 @@ func (v *view) GetAll(ctx context.Context, b store.Bucket, keys [][]byte) ([][]b
 }
 
 // Scan reads the range a page at a time: etcd bounds a response's size.
-func (v *view) Scan(ctx context.Context, b store.Bucket, prefix, from []byte, fn func(k, val []byte) (bool, error)) error {
+// A page is no larger than the keys wanted.
+func (v *view) Scan(ctx context.Context, b store.Bucket, prefix, from []byte, want int, fn func(k, val []byte) (bool, error)) error {
+	page := v.s.opts.PageSize
+	if want > 0 {
+		page = min(page, int64(want))
+	}
 	bucket := v.s.key(b, nil)
 	start := v.s.key(b, prefix)
 	end := clientv3.GetPrefixRangeEnd(start)
@@ -93,7 +98,7 @@ func (v *view) Scan(ctx context.Context, b store.Bucket, prefix, from []byte, fn
 		start = f
 	}
 	for {
-		resps, err := v.read(ctx, []clientv3.Op{v.get(start, clientv3.WithRange(end), clientv3.WithLimit(v.s.opts.PageSize))})
+		resps, err := v.read(ctx, []clientv3.Op{v.get(start, clientv3.WithRange(end), clientv3.WithLimit(page))})
 		if err != nil {
 			return err
 		}

@@ -69,7 +69,7 @@ run: build ## Run the coordinator with its defaults (127.0.0.1:7070, data in ./d
 
 # The Debian packages are checked first, so that a machine without them (and
 # no root to install them) stops at once, before any build.
-test: ## Run all tests: Go with the race detector, then the Python client's against bin/snapcoord.
+test: ## Run all tests: Go with the race detector (the etcd store's on a real etcd cluster), then the Python client's against bin/snapcoord.
 	scripts/deps-python.sh
 	scripts/deps-etcd.sh
 	$(MAKE) build
@@ -195,8 +195,9 @@ clean: ## Remove bin/. Leaves data/ (coordinator state) and .cache/ alone.
 # Measurement: figures with their floors, the kill -9 crash loop, fuzzing
 # (docs/performance.md). BENCH_FLAGS scales the benchmark, e.g.
 # BENCH_FLAGS='--fanout-workers 10000 --json-file bench.json'.
-.PHONY: bench bench-smoke crashtest fuzz
+.PHONY: bench bench-smoke crashtest crashtest-ha fuzz
 CRASH_CYCLES ?= 20
+HA_CYCLES ?= 10
 FUZZTIME ?= 30s
 # Every fuzz target, as package:Name; make fuzz runs each for FUZZTIME.
 FUZZ_TARGETS := ./server/deadline:FuzzParseBudget ./server/grpcserver:FuzzCreateRun \
@@ -213,7 +214,8 @@ sim: ## Simulate workloads A-H under each deadline policy and write the tables i
 sim-frontier: ## Compare ExpectedLoss settings over workloads A-H (a few minutes) and write the frontier into docs/simulation.md.
 	$(GO) run ./cmd/snapsim --frontier --runs 1000 --doc docs/simulation.md $(SIM_FLAGS)
 
-bench: build ## Load benchmark: each figure with its floor and ratio (under 3 min on 2 cores).
+bench: build ## Load benchmark: each figure with its floor and ratio, on bbolt and on etcd (under 4 min on 2 cores).
+	scripts/deps-etcd.sh
 	./bin/snapbench --snapcoord bin/snapcoord $(BENCH_FLAGS)
 
 bench-smoke: ## Run every go test benchmark once (-benchtime=1x), so none rots.
@@ -221,6 +223,10 @@ bench-smoke: ## Run every go test benchmark once (-benchtime=1x), so none rots.
 
 crashtest: build ## kill -9 crash loop, CRASH_CYCLES times; fails if an acknowledged write is lost.
 	./bin/snapcrash --snapcoord bin/snapcoord --cycles $(CRASH_CYCLES)
+
+crashtest-ha: build ## Leader kill/pause loop on 3 etcd members and 3 coordinators, HA_CYCLES times (docs/ha.md); fails on a lost write, a changed decision or a write a deposed leader kept.
+	scripts/deps-etcd.sh
+	./bin/snapcrash --snapcoord bin/snapcoord --ha --cycles $(HA_CYCLES) --step-every 100ms
 
 fuzz: ## Run every fuzz target for FUZZTIME (e.g. FUZZTIME=10s).
 	for t in $(FUZZ_TARGETS); do \

@@ -25,7 +25,7 @@
 // resume point lies past the end of its log (OUT_OF_RANGE: its state was
 // restored or replaced), they read the log again from where a new process
 // would start, skipping the commands they already delivered; WatchEvents
-// does the same from 0.
+// does the same from the afterSeq it was given.
 //
 // # Several coordinators
 //

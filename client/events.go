@@ -23,13 +23,15 @@ func (e callbackError) Unwrap() error { return e.err }
 // delivered; with follow it goes on until the run is terminal and all its
 // events were delivered. A disconnect or a coordinator restart is resumed
 // after the last delivered seq, with the client's backoff. If the
-// coordinator's event log ends before that seq (OUT_OF_RANGE: its state was
-// restored or replaced), the watch reads the log again from 0, skipping the
-// events it delivered (the same event at the same seq; see seenLog), so fn
-// may then get events older than afterSeq that it never got. It returns
+// coordinator's event log then ends before that seq (OUT_OF_RANGE: its
+// state was restored or replaced), the watch reads the log again from
+// afterSeq, skipping the events it delivered (the same event at the same
+// seq; see seenLog). An afterSeq past the end of the log from the start is
+// the caller's, and so is that OUT_OF_RANGE: it is returned. It returns
 // fn's error as is, or the status that ended the watch.
 func (c *Client) WatchEvents(ctx context.Context, runID string, afterSeq int64, follow bool, fn func(*v1.RunEvent) error) error {
 	var failures uint
+	start := afterSeq
 	seen := newSeenLog()
 	deliver := func(ev *v1.RunEvent) error {
 		if seen.has(ev.GetSeq(), ev) {
@@ -49,8 +51,8 @@ func (c *Client) WatchEvents(ctx context.Context, runID string, afterSeq int64, 
 			return nil
 		case errors.As(err, &cb):
 			return cb.err
-		case status.Code(err) == codes.OutOfRange && afterSeq > 0:
-			afterSeq = 0 // never out of range: read the log again
+		case status.Code(err) == codes.OutOfRange && afterSeq > start:
+			afterSeq = start // read the log again
 			continue
 		case status.Code(err) != codes.Unavailable || ctx.Err() != nil:
 			return fmt.Errorf("client: watch run %s: %w", runID, err)

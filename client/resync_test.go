@@ -5,7 +5,11 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 	"github.com/snapcoord/snapcoord/client"
@@ -126,6 +130,14 @@ func resyncAfterRestore(t *testing.T, poll bool) {
 	registered := logs.Next("registered again", "")
 	co.restoreStore(backup)
 	<-registered // the worker met OUT_OF_RANGE and registered again to resync
+	// And the watch read the restored log again: an event at a seq it had
+	// delivered before. (Had the log grown past its cursor before it came
+	// back, it would have seen no OUT_OF_RANGE and missed the events in
+	// between: the cursor rule catches a log that is behind, not one that
+	// caught up.)
+	for seq := run.GetRun().GetLastEventSeq() + 1; seq > run.GetRun().GetLastEventSeq(); {
+		seq = <-progress
+	}
 
 	if _, err := admin.Runs.TriggerDeadline(t.Context(), &v1.TriggerDeadlineRequest{RunId: "r1", Reason: "test"}); err != nil {
 		t.Fatalf("TriggerDeadline: %v", err)
@@ -166,5 +178,19 @@ func resyncAfterRestore(t *testing.T, poll bool) {
 	}
 	if reused == 0 {
 		t.Fatalf("events %v: none after the restore, or the watch did not read the restored log again", events)
+	}
+}
+
+// A watch asked to start past the end of the event log is told so, rather
+// than shown events from before the seq it asked to start after.
+func TestWatchFromPastTheEndIsOutOfRange(t *testing.T) {
+	co := startCoordinator(t)
+	co.createRun("r1", turnSpec(1))
+	err := co.dial("").WatchEvents(t.Context(), "r1", 1000, false, func(ev *v1.RunEvent) error {
+		t.Errorf("delivered %v", ev)
+		return nil
+	})
+	if status.Code(err) != codes.OutOfRange || !strings.Contains(err.Error(), "after_seq 1000 is past the run's last event") {
+		t.Fatalf("WatchEvents after 1000 of a new run: %v; want OUT_OF_RANGE naming after_seq", err)
 	}
 }

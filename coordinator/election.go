@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -29,6 +30,8 @@ const (
 	// campaignRetry is the pause after a failed campaign (etcd
 	// unreachable, say) before the next.
 	campaignRetry = 500 * time.Millisecond
+	// leaseGrantTimeout bounds the grant of an election lease.
+	leaseGrantTimeout = 5 * time.Second
 	// termCheckInterval is how often a leader checks that its engine can
 	// still commit; a refused (fenced) commit ends the term within it.
 	termCheckInterval = 50 * time.Millisecond
@@ -37,8 +40,8 @@ const (
 // electionKey is the election's prefix under the store's.
 func (c EtcdConfig) electionKey() string { return c.Prefix + "/leader" }
 
-// tlsConfig is the client TLS of CAFile, CertFile and KeyFile; nil without
-// a CA file (plaintext).
+// tlsConfig is the client TLS of CAFile, CertFile and KeyFile; nil when
+// none is set (plaintext).
 func (c EtcdConfig) tlsConfig() (*tls.Config, error) {
 	if c.CAFile == "" && c.CertFile == "" {
 		return nil, nil
@@ -102,14 +105,16 @@ func (c *Coordinator) startElection(self string) {
 // until the term ends. Closing the session revokes its lease, so that a
 // coordinator stepping down (or shutting down) hands over at once.
 func (c *Coordinator) campaign(ctx context.Context, self string) error {
-	// Once granted, the session outlives ctx just long enough for Close to
-	// revoke it; until then, ctx's end (shutdown) cancels the grant, which
-	// would otherwise wait for an unreachable etcd for good.
+	lease, err := c.grantLease(ctx)
+	if err != nil {
+		return err
+	}
+	// The session outlives ctx just long enough for Close to revoke the
+	// lease, which it gives the TTL at most.
 	sessCtx, endSess := context.WithCancel(context.WithoutCancel(ctx))
 	defer endSess()
-	stopEarly := context.AfterFunc(ctx, endSess)
-	sess, err := concurrency.NewSession(c.etcd, concurrency.WithTTL(int(c.cfg.ElectionTTL/time.Second)), concurrency.WithContext(sessCtx))
-	stopEarly()
+	sess, err := concurrency.NewSession(c.etcd, concurrency.WithLease(lease),
+		concurrency.WithTTL(int(c.cfg.ElectionTTL/time.Second)), concurrency.WithContext(sessCtx))
 	if err != nil {
 		return fmt.Errorf("election session: %w", err)
 	}
@@ -136,6 +141,26 @@ func (c *Coordinator) campaign(ctx context.Context, self string) error {
 		return fmt.Errorf("campaign: %w", err)
 	}
 	return c.lead(live, el, self)
+}
+
+// grantLease grants the election session's lease. It is granted here
+// rather than by NewSession, whose context also keeps the lease alive: the
+// grant must end at shutdown and give up on an etcd it cannot reach (or
+// that refuses its certificate), so that the failure is logged instead of
+// waited for silently.
+func (c *Coordinator) grantLease(ctx context.Context) (clientv3.LeaseID, error) {
+	ctx, cancel := context.WithTimeout(ctx, leaseGrantTimeout)
+	defer cancel()
+	lease, err := c.etcd.Grant(ctx, int64(c.cfg.ElectionTTL/time.Second))
+	if errors.Is(err, context.DeadlineExceeded) {
+		// The client retries silently: say what usually causes it.
+		return 0, fmt.Errorf("election lease: no answer from etcd at %s within %v (unreachable, or refusing this coordinator's TLS settings): %w",
+			strings.Join(c.cfg.Etcd.Endpoints, ","), leaseGrantTimeout, err)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("election lease: %w", err)
+	}
+	return lease.ID, nil
 }
 
 // observe tells the gate the leader's address as it changes, for the

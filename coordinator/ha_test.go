@@ -2,6 +2,8 @@ package coordinator_test
 
 import (
 	"context"
+	"crypto/x509"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -12,6 +14,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/status"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
@@ -20,6 +23,7 @@ import (
 	"github.com/snapcoord/snapcoord/internal/etcdtest"
 	"github.com/snapcoord/snapcoord/internal/logsink"
 	"github.com/snapcoord/snapcoord/internal/spectest"
+	"github.com/snapcoord/snapcoord/internal/testpki"
 )
 
 // etcdConfig is coordtest's configuration on the etcd store at endpoints,
@@ -85,6 +89,9 @@ func TestEtcdLeaderHandsOverOnShutdown(t *testing.T) {
 	if addr, self := second.Leader(); self || addr != first.Addr() {
 		t.Fatalf("second: Leader() = %q, %v; want %s, not itself", addr, self, first.Addr())
 	}
+	wantLeaderGauge(t, first.MetricsAddr(), 1)
+	wantLeaderGauge(t, second.MetricsAddr(), 0)
+	wantReflection(t, second.Addr())
 
 	stopped := time.Now()
 	first.Stop()
@@ -97,6 +104,40 @@ func TestEtcdLeaderHandsOverOnShutdown(t *testing.T) {
 	got, err := v1.NewRunServiceClient(dial(t, second.Addr())).GetRun(t.Context(), &v1.GetRunRequest{RunId: "kept"})
 	if err != nil || got.GetRun().GetRunId() != "kept" {
 		t.Fatalf("GetRun on the new leader = %v, %v; want the run", got.GetRun(), err)
+	}
+	wantLeaderGauge(t, second.MetricsAddr(), 1)
+}
+
+// wantReflection checks that server reflection at addr lists RunService:
+// a follower's gate leaves reflection alone.
+func wantReflection(t *testing.T, addr string) {
+	t.Helper()
+	refl, err := reflectionpb.NewServerReflectionClient(dial(t, addr)).ServerReflectionInfo(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = refl.CloseSend() }()
+	if err := refl.Send(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{}}); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := refl.Recv()
+	if err != nil {
+		t.Fatalf("reflection on a follower: %v", err)
+	}
+	for _, svc := range resp.GetListServicesResponse().GetService() {
+		if svc.GetName() == "snapcoord.v1.RunService" {
+			return
+		}
+	}
+	t.Errorf("reflection on a follower lists %v, without snapcoord.v1.RunService", resp.GetListServicesResponse().GetService())
+}
+
+// wantLeaderGauge checks the snapcoord_leader gauge on a /metrics page.
+func wantLeaderGauge(t *testing.T, metricsAddr string, want int) {
+	t.Helper()
+	page := get(t, "http://"+metricsAddr+"/metrics")
+	if line := fmt.Sprintf("\nsnapcoord_leader %d\n", want); !strings.Contains(page, line) {
+		t.Errorf("%s/metrics lacks %q", metricsAddr, strings.TrimSpace(line))
 	}
 }
 
@@ -115,6 +156,14 @@ func TestEtcdDeposedLeaderIsFenced(t *testing.T) {
 	runs := v1.NewRunServiceClient(dial(t, first.Addr()))
 	if _, err := runs.CreateRun(t.Context(), &v1.CreateRunRequest{RunId: "before", Spec: spectest.Checkpointed(1, "00:01:00:00")}); err != nil {
 		t.Fatalf("CreateRun on the leader: %v", err)
+	}
+	// A watch open in the term, which its end must cut.
+	watch, err := runs.WatchRun(t.Context(), &v1.WatchRunRequest{RunId: "before"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := watch.Recv(); err != nil {
+		t.Fatalf("WatchRun: %v", err)
 	}
 
 	cli, err := etcd.Client()
@@ -137,6 +186,16 @@ func TestEtcdDeposedLeaderIsFenced(t *testing.T) {
 		t.Fatalf("CreateRun on the deposed leader: %v; want UNAVAILABLE NOT_LEADER", err)
 	}
 	<-steppedDown
+	for {
+		_, err := watch.Recv()
+		if err == nil {
+			continue // the rest of the run's log
+		}
+		if st := status.Convert(err); st.Code() != codes.Unavailable || !strings.HasPrefix(st.Message(), "not the leader") {
+			t.Errorf("a watch open when the leader stepped down ended with %v; want UNAVAILABLE NOT_LEADER", err)
+		}
+		break
+	}
 	if !strings.Contains(log.String(), "fenced") {
 		t.Errorf("the deposed leader stepped down for another cause than a fenced commit:\n%s", log.String())
 	}
@@ -152,7 +211,12 @@ func TestEtcdDeposedLeaderIsFenced(t *testing.T) {
 
 func statusPage(t *testing.T, addr string) string {
 	t.Helper()
-	resp, err := http.Get("http://" + addr + "/")
+	return get(t, "http://"+addr+"/")
+}
+
+func get(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -195,5 +259,38 @@ func TestEtcdGoneLeaderStepsDownAndShutdownEnds(t *testing.T) {
 		if took := time.Since(began); took > 5*time.Second {
 			t.Errorf("shutdown with etcd gone took %v", took)
 		}
+	}
+}
+
+// The etcd TLS settings reach etcd: a coordinator with the CA and a client
+// certificate leads a cluster that requires client certificates; one with
+// the CA alone cannot even campaign.
+func TestEtcdMutualTLS(t *testing.T) {
+	dir := t.TempDir()
+	ca := testpki.NewCA(t, dir, "etcd-ca")
+	server := ca.Issue(t, dir, "etcd-server", x509.ExtKeyUsageServerAuth)
+	client := ca.Issue(t, dir, "coordinator", x509.ExtKeyUsageClientAuth)
+	etcd := etcdtest.StartTLS(t, 1, &etcdtest.TLS{CAFile: ca.File,
+		ServerCertFile: server.CertFile, ServerKeyFile: server.KeyFile,
+		ClientCertFile: client.CertFile, ClientKeyFile: client.KeyFile})
+
+	cfg := etcdConfig(t, etcd.Endpoints())
+	cfg.Etcd.CAFile, cfg.Etcd.CertFile, cfg.Etcd.KeyFile = ca.File, client.CertFile, client.KeyFile
+	leader := coordtest.Start(t, cfg)
+	awaitRunService(t, leader.Addr(), healthpb.HealthCheckResponse_SERVING)
+	if _, err := v1.NewRunServiceClient(dial(t, leader.Addr())).CreateRun(t.Context(),
+		&v1.CreateRunRequest{RunId: "over-tls", Spec: spectest.Checkpointed(1, "00:01:00:00")}); err != nil {
+		t.Fatalf("CreateRun over etcd mutual TLS: %v", err)
+	}
+
+	log := logsink.NewWatcher()
+	refused := log.Next("election: campaign failed; retrying", "")
+	noCert := etcdConfig(t, etcd.Endpoints())
+	noCert.Etcd.CAFile = ca.File
+	noCert.Logger = slog.New(slog.NewJSONHandler(log, nil))
+	coordtest.Start(t, noCert)
+	<-refused
+	if !strings.Contains(log.String(), "refusing this coordinator's TLS settings") {
+		t.Errorf("the failed campaign's log does not say what may be wrong:\n%s", log.String())
 	}
 }

@@ -63,6 +63,7 @@ func (c *Coordinator) buildServer() error {
 	return c.tel.ObserveLive(telemetry.LiveView{
 		Runs: c.gate.LiveRuns, Serving: c.srv.Serving, Now: time.Now,
 		CommitFailed: func() bool { return c.gate.Healthy() != nil },
+		Leading:      func() bool { _, self := c.gate.Leader(); return self },
 	})
 }
 

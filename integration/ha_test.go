@@ -55,7 +55,7 @@ func awaitLeader(ctx context.Context, t *testing.T, procs []*coordproc.Proc, exc
 		}
 		candidates++
 		go func() {
-			if p.WatchHealth(ctx, runService, healthpb.HealthCheckResponse_SERVING) == nil {
+			if p.AwaitHealth(ctx, runService, healthpb.HealthCheckResponse_SERVING) == nil {
 				won <- p
 			}
 		}()
@@ -228,7 +228,7 @@ func TestHAPausedLeaderIsFenced(t *testing.T) {
 		t.Fatal(err)
 	}
 	notLeader(t, "CreateRun sent to the paused leader", <-ghost)
-	if err := old.WatchHealth(ctx, runService, healthpb.HealthCheckResponse_NOT_SERVING); err != nil {
+	if err := old.AwaitHealth(ctx, runService, healthpb.HealthCheckResponse_NOT_SERVING); err != nil {
 		t.Fatal(err)
 	}
 	awaitNamedLeader(ctx, t, old, next.Addr)

@@ -10,7 +10,10 @@
 //     N polling workers, against the same broadcast by the no-op service;
 //  4. heartbeats/s and the coordinator's CPU seconds per 1,000 heartbeats;
 //  5. resident memory per connected streaming worker;
-//  6. restart time to SERVING with many runs, workers and events stored.
+//  6. restart time to SERVING with many runs, workers and events stored;
+//  7. on etcd (--store etcd, a 3-member cluster on loopback): durable
+//     decisions and durable reports, against raw etcd transactions of the
+//     same size.
 //
 // The coordinator is the real `snapcoord serve` binary in a child process on
 // a temporary data directory, with its default flags except a long lease (so
@@ -74,7 +77,7 @@ type config struct {
 	restartRepeat       int
 }
 
-var phases = []string{"steps", "reports", "fanout", "heartbeats", "restart"}
+var phases = []string{"steps", "reports", "fanout", "heartbeats", "restart", "etcd"}
 
 func parseFlags(args []string, stderr io.Writer) (config, error) {
 	var cfg config
@@ -247,6 +250,7 @@ func (b *bench) runPhases(ctx context.Context) error {
 		{"fanout", b.fanout},
 		{"heartbeats", b.heartbeats},
 		{"restart", b.restart},
+		{"etcd", b.etcd},
 	}
 	for _, s := range steps {
 		if !b.cfg.only[s.name] {

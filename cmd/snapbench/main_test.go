@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/snapcoord/snapcoord/internal/coordproc"
+	"github.com/snapcoord/snapcoord/internal/etcdtest"
 )
 
 var snapcoordBin string
@@ -30,17 +31,41 @@ func TestEveryPhaseAtToySizes(t *testing.T) {
 	code := run(t.Context(), []string{"--snapcoord", snapcoordBin, "--json", "--dir", t.TempDir(),
 		"--warmup", "50ms", "--duration", "500ms", "--step-runs", "2", "--step-ranks", "2", "--report-workers", "1,4",
 		"--fanout-workers", "20", "--workers-per-conn", "3", "--heartbeat-workers", "4",
-		"--restart-runs", "5", "--restart-workers", "4", "--restart-steps", "2", "--restart-repeat", "1"}, &stdout, &stderr)
+		"--restart-runs", "5", "--restart-workers", "4", "--restart-steps", "2", "--restart-repeat", "1",
+		"--only", "steps,reports,fanout,heartbeats,restart"}, &stdout, &stderr)
+	got := rowsOf(t, code, &stdout, &stderr, "complete_step", "reports_1", "reports_4", "fanout_streaming", "fanout_polling", "memory_per_stream",
+		"fanout_streaming_node", "memory_per_stream_node",
+		"heartbeats", "heartbeat_cpu", "restart")
+	if r := got["fanout_streaming"]; r.Lat == nil || r.Lat.Max <= 0 {
+		t.Errorf("fan-out row has no latencies: %+v", r)
+	}
+}
+
+// The etcd phase at toy sizes, on a real 3-member etcd cluster: the
+// coordinator on etcd and the raw transactions are both measured.
+func TestEtcdPhaseAtToySizes(t *testing.T) {
+	etcdtest.Require(t)
+	var stdout, stderr bytes.Buffer
+	code := run(t.Context(), []string{"--snapcoord", snapcoordBin, "--json", "--dir", t.TempDir(),
+		"--warmup", "50ms", "--duration", "500ms", "--step-runs", "2", "--step-ranks", "2", "--report-workers", "1,4",
+		"--only", "etcd"}, &stdout, &stderr)
+	got := rowsOf(t, code, &stdout, &stderr, "etcd_decisions", "etcd_reports_1", "etcd_reports_4")
+	if r := got["etcd_decisions"]; r.Lat == nil || r.FloorLat == nil || r.FloorLat.P50 <= 0 {
+		t.Errorf("etcd decisions row has no latencies: %+v", r)
+	}
+}
+
+// rowsOf checks the run's exit code, decodes its JSON report and checks
+// that each row of want is there with its figure and floor measured.
+func rowsOf(t *testing.T, code int, stdout, stderr *bytes.Buffer, want ...string) map[string]row {
+	t.Helper()
 	if code != 0 {
-		t.Fatalf("exit %d:\n%s", code, &stderr)
+		t.Fatalf("exit %d:\n%s", code, stderr)
 	}
 	var rep report
 	if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil {
-		t.Fatalf("JSON: %v\n%s", err, &stdout)
+		t.Fatalf("JSON: %v\n%s", err, stdout)
 	}
-	want := []string{"complete_step", "reports_1", "reports_4", "fanout_streaming", "fanout_polling", "memory_per_stream",
-		"fanout_streaming_node", "memory_per_stream_node",
-		"heartbeats", "heartbeat_cpu", "restart"}
 	got := map[string]row{}
 	for _, r := range rep.Rows {
 		got[r.ID] = r
@@ -48,16 +73,14 @@ func TestEveryPhaseAtToySizes(t *testing.T) {
 	for _, id := range want {
 		r, ok := got[id]
 		if !ok {
-			t.Errorf("no row %q in %s", id, &stdout)
+			t.Errorf("no row %q in %s", id, stdout)
 			continue
 		}
 		if r.Floor <= 0 || (r.Unit != "KiB" && r.Value <= 0) {
 			t.Errorf("row %q: value %v, floor %v; want both measured", id, r.Value, r.Floor)
 		}
 	}
-	if r := got["fanout_streaming"]; r.Lat == nil || r.Lat.Max <= 0 {
-		t.Errorf("fan-out row has no latencies: %+v", r)
-	}
+	return got
 }
 
 func TestSummarize(t *testing.T) {

@@ -48,8 +48,11 @@ func (b *bench) startCoord(ctx context.Context, name string, extra ...string) (*
 		args = append(args, "--metrics-listen", "")
 	}
 	args = append(append(args, extra...), b.cfg.serveArgs...)
+	// Ready once it serves RunService: at once on bbolt, once elected on
+	// etcd.
 	p, err := coordproc.Start(ctx, coordproc.Config{
 		Bin: b.cfg.snapcoord, DataDir: filepath.Join(dir, "data"), LogPath: filepath.Join(dir, "snapcoord.log"), Args: args,
+		HealthService: v1.RunService_ServiceDesc.ServiceName,
 	})
 	if err != nil {
 		return nil, err
@@ -182,7 +185,6 @@ func (b *bench) window() window { return window{warmup: b.cfg.warmup, dur: b.cfg
 // the step, an event and the run); the others get the stored decision.
 func (b *bench) steps(ctx context.Context) error {
 	n := b.cfg.stepRuns * b.cfg.stepRanks
-	w := b.window()
 
 	fcpu := &cpuWindow{}
 	floorRes, err := b.floorLoop(ctx, "steps", n, fcpu, func(c *conn, ctx context.Context, k int64) error {
@@ -193,32 +195,7 @@ func (b *bench) steps(ctx context.Context) error {
 		return err
 	}
 
-	c, err := b.startCoord(ctx, "steps")
-	if err != nil {
-		return err
-	}
-	defer c.stop()
-	var ranks []*worker
-	defer func() { closeWorkers(ranks) }()
-	for r := range b.cfg.stepRuns {
-		id := fmt.Sprintf("steps-%d", r)
-		token, err := createRun(ctx, c.Addr, id, runSpec(int32(b.cfg.stepRanks), v1.TargetLevel_TARGET_LEVEL_SIBLING))
-		if err != nil {
-			return err
-		}
-		ws, err := registerWorkers(ctx, c.Addr, id, token, v1.WorkerRole_WORKER_ROLE_TRAINER, b.cfg.stepRanks,
-			func(i int) string { return "rank-" + strconv.Itoa(i) })
-		if err != nil {
-			return err
-		}
-		ranks = append(ranks, ws...)
-	}
-	cpu := &cpuWindow{pid: c.Pid()}
-	res, err := closedLoop(ctx, n, w, cpu.hooks(b.profileHook(c, "steps", w.dur)), func(_ context.Context, i int, k int64) error {
-		wk := ranks[i]
-		_, err := wk.c.workers.CompleteStep(wk.ctx, &v1.CompleteStepRequest{RunId: wk.runID, WorkerId: wk.id, Step: k + 1, IterationSeconds: 10})
-		return err
-	})
+	res, cpu, _, err := b.stepLoop(ctx, "steps")
 	if err != nil {
 		return err
 	}
@@ -232,6 +209,50 @@ func (b *bench) steps(ctx context.Context) error {
 			int(res.rate())/b.cfg.stepRanks, cpu.perCall(res), fcpu.perCall(floorRes)),
 	})
 	return nil
+}
+
+// stepLoop starts a coordinator (with extra flags) and has runs × ranks
+// trainer ranks call CompleteStep back to back for one window. It returns
+// the coordinator's CPU time over the window and one decision it gave.
+func (b *bench) stepLoop(ctx context.Context, name string, extra ...string) (loopResult, *cpuWindow, *v1.Decision, error) {
+	n := b.cfg.stepRuns * b.cfg.stepRanks
+	w := b.window()
+	c, err := b.startCoord(ctx, name, extra...)
+	if err != nil {
+		return loopResult{}, nil, nil, err
+	}
+	defer c.stop()
+	var ranks []*worker
+	defer func() { closeWorkers(ranks) }()
+	for r := range b.cfg.stepRuns {
+		id := fmt.Sprintf("steps-%d", r)
+		token, err := createRun(ctx, c.Addr, id, runSpec(int32(b.cfg.stepRanks), v1.TargetLevel_TARGET_LEVEL_SIBLING))
+		if err != nil {
+			return loopResult{}, nil, nil, err
+		}
+		ws, err := registerWorkers(ctx, c.Addr, id, token, v1.WorkerRole_WORKER_ROLE_TRAINER, b.cfg.stepRanks,
+			func(i int) string { return "rank-" + strconv.Itoa(i) })
+		if err != nil {
+			return loopResult{}, nil, nil, err
+		}
+		ranks = append(ranks, ws...)
+	}
+	cpu := &cpuWindow{pid: c.Pid()}
+	res, err := closedLoop(ctx, n, w, cpu.hooks(b.profileHook(c, name, w.dur)), func(_ context.Context, i int, k int64) error {
+		wk := ranks[i]
+		_, err := wk.c.workers.CompleteStep(wk.ctx, &v1.CompleteStepRequest{RunId: wk.runID, WorkerId: wk.id, Step: k + 1, IterationSeconds: 10})
+		return err
+	})
+	if err != nil {
+		return loopResult{}, nil, nil, err
+	}
+	// Step 1 was decided in the window: asked again, it is the stored one.
+	wk := ranks[0]
+	resp, err := wk.c.workers.CompleteStep(wk.ctx, &v1.CompleteStepRequest{RunId: wk.runID, WorkerId: wk.id, Step: 1, IterationSeconds: 10})
+	if err != nil {
+		return loopResult{}, nil, nil, err
+	}
+	return res, cpu, resp.Decision, nil
 }
 
 // floorLoop runs op back to back from n connections to a fresh floor
@@ -270,7 +291,7 @@ func (b *bench) reports(ctx context.Context) error {
 		top = max(top, n)
 	}
 	for _, n := range b.cfg.reportWorkers {
-		res, err := b.reportLoop(ctx, n, n == top)
+		res, err := b.reportLoop(ctx, fmt.Sprintf("reports-%d", n), n, n == top)
 		if err != nil {
 			return err
 		}
@@ -300,9 +321,10 @@ func (b *bench) reports(ctx context.Context) error {
 	return nil
 }
 
-func (b *bench) reportLoop(ctx context.Context, n int, profile bool) (loopResult, error) {
-	name := fmt.Sprintf("reports-%d", n)
-	c, err := b.startCoord(ctx, name)
+// reportLoop starts a coordinator named name (with extra flags) and has
+// n ranks of one run report SAVED for steps 1, 2, 3 ... for one window.
+func (b *bench) reportLoop(ctx context.Context, name string, n int, profile bool, extra ...string) (loopResult, error) {
+	c, err := b.startCoord(ctx, name, extra...)
 	if err != nil {
 		return loopResult{}, err
 	}

@@ -183,6 +183,10 @@ func (c serveConfig) validateStore() error {
 		if c.DataDir == "" {
 			return fmt.Errorf("--data-dir (%s) must not be empty", envName("data-dir"))
 		}
+		if len(c.Etcd.Endpoints) > 0 {
+			// Meant for several coordinators, this one would run alone.
+			return fmt.Errorf("--etcd-endpoints (%s) is set but --store (%s) is bbolt: add --store etcd, or drop the endpoints", envName("etcd-endpoints"), envName("store"))
+		}
 		return nil
 	case coordinator.StoreEtcd:
 	default:

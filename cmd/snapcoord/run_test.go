@@ -103,6 +103,7 @@ func TestEtcdFlagErrors(t *testing.T) {
 		want string
 	}{
 		{"unknown store", []string{"--store", "postgres"}, "--store (SNAPCOORD_STORE) must be bbolt or etcd"},
+		{"endpoints without --store etcd", []string{"--etcd-endpoints", "127.0.0.1:2379"}, "add --store etcd"},
 		{"no endpoints", []string{"--store", "etcd"}, "needs --etcd-endpoints (SNAPCOORD_ETCD_ENDPOINTS)"},
 		{"endpoint without port", []string{"--store", "etcd", "--etcd-endpoints", "a:2379,b"}, `--etcd-endpoints (SNAPCOORD_ETCD_ENDPOINTS): "b"`},
 		{"relative prefix", append(etcd, "--etcd-prefix", "snapcoord"), "--etcd-prefix"},

@@ -13,7 +13,17 @@
 // exits 1 if any write was lost, could not be read back, a check failed or a
 // writer did not resume.
 //
+// With --ha (ha.go) the same writers and verification run against a 3-member
+// etcd cluster and three coordinators on one prefix, through every
+// coordinator's address: the leader is SIGKILLed (and restarted, as a
+// follower) or, every third cycle, SIGSTOPped past its election TTL while
+// writes are sent to it, then SIGCONTed. Every acknowledged write must
+// survive the failover, the paused ex-leader must refuse (and never store)
+// every write it was sent, and the time from the leader's loss to the next
+// leader's SERVING is reported.
+//
 //	snapcrash --snapcoord bin/snapcoord --cycles 20
+//	snapcrash --snapcoord bin/snapcoord --ha --cycles 10
 package main
 
 import (
@@ -54,6 +64,11 @@ type config struct {
 	seed          uint64
 	resumeTimeout time.Duration
 	injectLoss    bool
+	stepEvery     time.Duration
+	// The HA loop (--ha, ha.go).
+	ha           bool
+	coordinators int
+	electionTTL  time.Duration
 }
 
 func parseFlags(args []string, stderr io.Writer) (config, error) {
@@ -71,7 +86,11 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.DurationVar(&c.maxUp, "max-up", 1500*time.Millisecond, "longest time the coordinator serves before it is killed")
 	fs.Uint64Var(&c.seed, "seed", 0, "seed for the kill moments (0: from the clock; printed, to repeat a run)")
 	fs.DurationVar(&c.resumeTimeout, "resume-timeout", time.Minute, "how long every writer has to make progress after a restart")
+	fs.DurationVar(&c.stepEvery, "step-every", 0, "pace the trainer ranks: a step at most this often (0: back to back). Every cycle verifies every write so far while the writers go on: unpaced, on a store slower to read back than to write (etcd), the writes between cycles, and each verification, grow several-fold a cycle")
 	fs.BoolVar(&c.injectLoss, "inject-loss", false, "self-test: after the first kill, delete one acknowledged snapshot report from the data file; the loop must then report it lost and fail")
+	fs.BoolVar(&c.ha, "ha", false, "the HA loop: a 3-member etcd cluster on loopback, --coordinators coordinators on one prefix; kill the leader (pause it past its election TTL every third cycle) instead of the one bbolt coordinator")
+	fs.IntVar(&c.coordinators, "coordinators", 3, "with --ha: coordinators sharing the etcd prefix")
+	fs.DurationVar(&c.electionTTL, "election-ttl", 5*time.Second, "with --ha: the coordinators' --election-ttl")
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}
@@ -80,8 +99,14 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		return c, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	case c.cycles < 1 || c.runs < 1 || c.ranks < 1 || c.envs < 1:
 		return c, errors.New("--cycles, --runs, --ranks and --envs must be positive")
+	case c.stepEvery < 0:
+		return c, errors.New("--step-every must not be negative")
 	case c.minUp <= 0 || c.maxUp < c.minUp:
 		return c, errors.New("--min-up must be positive and --max-up at least --min-up")
+	case c.ha && (c.coordinators < 2 || c.electionTTL < time.Second):
+		return c, errors.New("--ha needs at least 2 --coordinators and an --election-ttl of at least 1s")
+	case c.ha && c.injectLoss:
+		return c, errors.New("--inject-loss deletes from the bbolt file: not with --ha")
 	}
 	if c.seed == 0 {
 		c.seed = uint64(time.Now().UnixNano())
@@ -98,7 +123,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "snapcrash: %v\n", err)
 		return 2
 	}
-	ok, err := crashLoop(ctx, cfg, stdout)
+	loop := crashLoop
+	if cfg.ha {
+		loop = haLoop
+	}
+	ok, err := loop(ctx, cfg, stdout)
 	if err != nil {
 		fmt.Fprintf(stderr, "snapcrash: %v\n", err)
 		return 1
@@ -122,27 +151,15 @@ type summary struct {
 	maxReady      time.Duration
 	acknowledged  counts
 	finalVerified int
+	failovers     bool // the HA loop: no bbolt file, no restart of the one coordinator
 }
 
 func crashLoop(ctx context.Context, cfg config, out io.Writer) (bool, error) {
-	bin, err := filepath.Abs(cfg.snapcoord)
+	bin, tmp, cleanup, err := prepare(cfg, "snapcrash-", out)
 	if err != nil {
 		return false, err
 	}
-	if _, err := os.Stat(bin); err != nil {
-		return false, fmt.Errorf("--snapcoord %s: %w (run make build)", cfg.snapcoord, err)
-	}
-	tmp, err := os.MkdirTemp(cfg.dir, "snapcrash-")
-	if err != nil {
-		return false, err
-	}
-	defer func() {
-		if cfg.keep {
-			fmt.Fprintf(out, "kept %s\n", tmp)
-			return
-		}
-		_ = os.RemoveAll(tmp)
-	}()
+	defer cleanup()
 	dataDir := filepath.Join(tmp, "data")
 	logPath := filepath.Join(tmp, "snapcoord.log")
 	rng := rand.New(rand.NewPCG(cfg.seed, cfg.seed^0x9e3779b97f4a7c15))
@@ -165,40 +182,28 @@ func crashLoop(ctx context.Context, cfg config, out io.Writer) (bool, error) {
 	}
 	defer admin.Close()
 
-	log := newAcks()
-	writeCtx, stopWriters := context.WithCancel(ctx)
-	defer stopWriters()
-	var runs []*runWriters
-	defer func() {
-		for _, r := range runs {
-			r.close()
-		}
-	}()
-	for i := range cfg.runs {
-		r, err := startRun(ctx, proc.Addr, fmt.Sprintf("crash-%d", i), cfg.ranks, cfg.envs, log)
-		if err != nil {
-			return false, err
-		}
-		runs = append(runs, r)
-		r.start(writeCtx)
+	f, err := startFleet(ctx, proc.Addr, cfg)
+	if err != nil {
+		return false, err
 	}
+	defer f.close()
 
 	s := summary{lost: map[string]bool{}, unread: map[string]bool{}}
 	for cycle := 1; cycle <= cfg.cycles; cycle++ {
 		up := cfg.minUp + time.Duration(rng.Int64N(int64(cfg.maxUp-cfg.minUp)+1))
-		if err := serveFor(ctx, up, runs); err != nil {
+		if err := serveFor(ctx, up, f.runs); err != nil {
 			return false, err
 		}
 		if err := proc.Kill(); err != nil {
 			return false, fmt.Errorf("cycle %d: %w", cycle, err)
 		}
-		ackedAtKill := log.counts().writes()
+		ackedAtKill := f.log.counts().writes()
 		checkErr := checkFile(filepath.Join(dataDir, "snapcoord.db"))
 		if checkErr != nil {
 			s.checksFailed++
 		}
 		if cfg.injectLoss && cycle == 1 {
-			if err := injectLoss(filepath.Join(dataDir, "snapcoord.db"), log); err != nil {
+			if err := injectLoss(filepath.Join(dataDir, "snapcoord.db"), f.log); err != nil {
 				return false, fmt.Errorf("inject loss: %w", err)
 			}
 		}
@@ -208,14 +213,7 @@ func crashLoop(ctx context.Context, cfg config, out io.Writer) (bool, error) {
 		}
 		restarted := time.Now()
 		s.maxReady = max(s.maxReady, proc.Ready)
-		resumed, silent := awaitResume(ctx, log, restarted, cfg.resumeTimeout, runs)
-		v := verifyAll(ctx, admin, runs)
-		if len(silent) > 0 {
-			s.notResumed++
-		}
-		s.maxResume = max(s.maxResume, resumed)
-		s.violations = append(s.violations, log.takeViolations()...)
-		s.cycles = cycle
+		resumed, silent, v := f.settle(ctx, admin, restarted, cfg.resumeTimeout, cycle, &s)
 		status := "ok"
 		if checkErr != nil || len(v.lost) > 0 || len(v.unread) > 0 || len(silent) > 0 {
 			status = "FAILED"
@@ -226,17 +224,89 @@ func crashLoop(ctx context.Context, cfg config, out io.Writer) (bool, error) {
 		s.record(out, v)
 	}
 
-	// Stop the writers at a step boundary, then verify everything once more.
-	stopWriters()
-	for _, r := range runs {
+	f.finish(ctx, admin, &s, out)
+	return report(out, s), nil
+}
+
+// prepare checks the binary and makes the temporary directory; cleanup
+// removes it, or names it with --keep.
+func prepare(cfg config, prefix string, out io.Writer) (bin, tmp string, cleanup func(), err error) {
+	if bin, err = filepath.Abs(cfg.snapcoord); err != nil {
+		return "", "", nil, err
+	}
+	if _, err := os.Stat(bin); err != nil {
+		return "", "", nil, fmt.Errorf("--snapcoord %s: %w (run make build)", cfg.snapcoord, err)
+	}
+	if tmp, err = os.MkdirTemp(cfg.dir, prefix); err != nil {
+		return "", "", nil, err
+	}
+	return bin, tmp, func() {
+		if cfg.keep {
+			fmt.Fprintf(out, "kept %s\n", tmp)
+			return
+		}
+		_ = os.RemoveAll(tmp)
+	}, nil
+}
+
+// fleet is every run's writers and the log of what they were acknowledged.
+type fleet struct {
+	log  *acks
+	runs []*runWriters
+	stop context.CancelFunc
+}
+
+// startFleet creates cfg.runs runs through addr (one address, or several
+// comma-separated) and starts their writers.
+func startFleet(ctx context.Context, addr string, cfg config) (*fleet, error) {
+	writeCtx, stop := context.WithCancel(ctx)
+	f := &fleet{log: newAcks(), stop: stop}
+	for i := range cfg.runs {
+		r, err := startRun(ctx, addr, fmt.Sprintf("crash-%d", i), cfg.ranks, cfg.envs, f.log)
+		if err != nil {
+			f.close()
+			return nil, err
+		}
+		r.stepEvery = cfg.stepEvery
+		f.runs = append(f.runs, r)
+		r.start(writeCtx)
+	}
+	return f, nil
+}
+
+func (f *fleet) close() {
+	f.stop()
+	for _, r := range f.runs {
+		r.close()
+	}
+}
+
+// settle waits until every writer made progress after since (or timeout),
+// verifies every acknowledged write, and records cycle in s.
+func (f *fleet) settle(ctx context.Context, admin *client.Client, since time.Time, timeout time.Duration, cycle int, s *summary) (time.Duration, []string, verdict) {
+	resumed, silent := awaitResume(ctx, f.log, since, timeout, f.runs)
+	v := verifyAll(ctx, admin, f.runs)
+	if len(silent) > 0 {
+		s.notResumed++
+	}
+	s.maxResume = max(s.maxResume, resumed)
+	s.violations = append(s.violations, f.log.takeViolations()...)
+	s.cycles = cycle
+	return resumed, silent, v
+}
+
+// finish stops the writers at a step boundary, then verifies everything
+// once more.
+func (f *fleet) finish(ctx context.Context, admin *client.Client, s *summary, out io.Writer) {
+	f.stop()
+	for _, r := range f.runs {
 		r.wait()
 	}
-	s.writerErrors = collectFatal(runs)
-	final := verifyAll(ctx, admin, runs)
+	s.writerErrors = collectFatal(f.runs)
+	final := verifyAll(ctx, admin, f.runs)
 	s.record(out, final)
 	s.finalVerified = final.checked
-	s.acknowledged = log.counts()
-	return report(out, s), nil
+	s.acknowledged = f.log.counts()
 }
 
 // serveFor lets the writers work for d, or returns a writer's fatal error.
@@ -382,6 +452,13 @@ func silentNote(silent []string) string {
 }
 
 func report(out io.Writer, s summary) bool {
+	ok := printSummary(out, s)
+	printVerdict(out, ok)
+	return ok
+}
+
+// printSummary prints what both loops find and says whether it passes.
+func printSummary(out io.Writer, s summary) bool {
 	c := s.acknowledged
 	fmt.Fprintf(out, "\ncycles:               %d\n", s.cycles)
 	fmt.Fprintf(out, "writes acknowledged:  %d (%d decisions, %d checkpoint reports, %d snapshot reports, %d registrations, %d runs; plus %d repeated decisions compared)\n",
@@ -391,9 +468,14 @@ func report(out io.Writer, s summary) bool {
 	if len(s.unread) > 0 {
 		fmt.Fprintf(out, "reads failed:         %d (the writes they would have checked are unverified)\n", len(s.unread))
 	}
-	fmt.Fprintf(out, "bbolt checks failed:  %d of %d\n", s.checksFailed, s.cycles)
-	fmt.Fprintf(out, "restarts not resumed: %d of %d (slowest resume %d ms, slowest restart to SERVING %d ms)\n",
-		s.notResumed, s.cycles, s.maxResume.Milliseconds(), s.maxReady.Milliseconds())
+	if s.failovers {
+		fmt.Fprintf(out, "failovers not resumed: %d of %d (slowest: every writer acknowledged again %d ms after the next leader served)\n",
+			s.notResumed, s.cycles, s.maxResume.Milliseconds())
+	} else {
+		fmt.Fprintf(out, "bbolt checks failed:  %d of %d\n", s.checksFailed, s.cycles)
+		fmt.Fprintf(out, "restarts not resumed: %d of %d (slowest resume %d ms, slowest restart to SERVING %d ms)\n",
+			s.notResumed, s.cycles, s.maxResume.Milliseconds(), s.maxReady.Milliseconds())
+	}
 	ok := len(s.lost) == 0 && len(s.unread) == 0 && s.checksFailed == 0 && s.notResumed == 0 && len(s.violations) == 0 && len(s.writerErrors) == 0
 	for _, v := range s.violations {
 		fmt.Fprintf(out, "decision mismatch:    %s\n", v)
@@ -401,10 +483,13 @@ func report(out io.Writer, s summary) bool {
 	for _, e := range s.writerErrors {
 		fmt.Fprintf(out, "writer error:         %s\n", e)
 	}
+	return ok
+}
+
+func printVerdict(out io.Writer, ok bool) {
 	if ok {
 		fmt.Fprintln(out, "PASS")
 	} else {
 		fmt.Fprintln(out, "FAIL")
 	}
-	return ok
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -10,6 +11,7 @@ import (
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 	"github.com/snapcoord/snapcoord/client"
 	"github.com/snapcoord/snapcoord/internal/coordproc"
+	"github.com/snapcoord/snapcoord/internal/etcdtest"
 )
 
 var snapcoordBin string
@@ -102,5 +104,47 @@ func TestNothingReadIsNothingVerified(t *testing.T) {
 	v := verify(t.Context(), admin, &runWriters{id: "crash-0", log: log})
 	if len(v.unread) == 0 || v.checked != 0 {
 		t.Errorf("nothing read back: %d writes counted as verified, failed reads %v; want 0 and a failed read", v.checked, v.unread)
+	}
+}
+
+// The HA loop on a real etcd cluster: the leader killed once and paused
+// past its election TTL once loses nothing, the paused ex-leader refuses
+// every write sent to it and stores none, and a failover time is reported
+// for each.
+func TestHALoopPasses(t *testing.T) {
+	etcdtest.Require(t)
+	cfg := shortLoop(false)
+	cfg.ha, cfg.coordinators, cfg.electionTTL = true, 3, 2*time.Second
+	var out bytes.Buffer
+	ok, err := haLoop(t.Context(), cfg, &out)
+	if err != nil || !ok {
+		t.Fatalf("haLoop = %v, %v; want a pass:\n%s", ok, err, &out)
+	}
+	for _, want := range []string{"cycles:               2", "writes lost:          0",
+		"failover after SIGKILL: p50 ", "failover after SIGSTOP: p50 ",
+		fmt.Sprintf("deposed leaders:      %d writes sent, 0 acknowledged, 0 stored", probesPerPause+1), "PASS"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, &out)
+		}
+	}
+}
+
+// A write a deposed leader acknowledged, or one found stored, fails the HA
+// loop even with no acknowledged write lost; so does a leader that never
+// stepped down.
+func TestHAReportFailsOnFencing(t *testing.T) {
+	for name, s := range map[string]haSummary{
+		"acknowledged": {probes: 5, probeAcked: []string{"cycle 2: RegisterWorker fenced-2-0"}},
+		"stored":       {probes: 5, probeStored: []string{"cycle 2: worker fenced-2-0"}},
+		"not deposed":  {probes: 5, notDeposed: 1},
+	} {
+		var out bytes.Buffer
+		s.summary = summary{lost: map[string]bool{}, unread: map[string]bool{}, failovers: true, cycles: 2}
+		if ok := haReport(&out, s); ok {
+			t.Errorf("%s: report passed:\n%s", name, &out)
+		}
+		if got := out.String(); !strings.Contains(got, "writes lost:          0") || !strings.HasSuffix(got, "FAIL\n") {
+			t.Errorf("%s: want 0 lost and FAIL at the end:\n%s", name, got)
+		}
 	}
 }

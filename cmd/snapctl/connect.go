@@ -35,7 +35,29 @@ func (c *cli) connect(ctx context.Context) (*client.Client, error) {
 		cl.Close()
 		return nil, err
 	}
+	if err := c.awaitLeader(ctx, cl.Conn()); err != nil {
+		cl.Close()
+		return nil, err
+	}
 	return cl, nil
+}
+
+// awaitLeader fails at once, naming the leader, when the one address given
+// is a follower's: its calls would be refused NOT_LEADER, retried for
+// about 20 s, and refused again. Its health tells: RunService NOT_SERVING.
+// (A list finds its leader by health checks, or fails to connect.)
+func (c *cli) awaitLeader(ctx context.Context, conn *grpc.ClientConn) error {
+	addrs := client.Addrs(c.conn.addr)
+	if len(addrs) != 1 {
+		return nil
+	}
+	ctx, cancel := c.call(ctx)
+	defer cancel()
+	resp, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{Service: v1.RunService_ServiceDesc.ServiceName})
+	if err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_NOT_SERVING {
+		return nil // SERVING, or a coordinator without this health: the calls tell
+	}
+	return c.followerRefusal(ctx, addrs)
 }
 
 // awaitConnection waits until conn is READY, or its first attempt failed.
@@ -70,23 +92,20 @@ func (c *cli) connectFailure(ctx context.Context, conn *grpc.ClientConn) error {
 	if st, ok := status.FromError(err); err == nil || !ok || st.Code() != codes.Unavailable {
 		return nil
 	}
-	if refusal := c.followerRefusal(ctx); refusal != nil {
-		return refusal
+	if addrs := client.Addrs(c.conn.addr); len(addrs) > 1 {
+		if refusal := c.followerRefusal(ctx, addrs); refusal != nil {
+			return refusal
+		}
 	}
 	cause := connectCause(status.Convert(err).Message())
 	return withExit(exitUnavailable, fmt.Errorf("cannot connect to %s over %s: %s. %s", c.conn.addr, c.transportName(), cause, c.connectFix(cause)))
 }
 
-// followerRefusal asks each address of a list that found no leader
-// directly, without health checking, and returns the first refusal as a
-// follower (NOT_LEADER), which names the leader: the list lacks it. Nil
-// if none refused so (then no address answered, and the connection
-// error says why).
-func (c *cli) followerRefusal(ctx context.Context) error {
-	addrs := client.Addrs(c.conn.addr)
-	if len(addrs) < 2 {
-		return nil // one address: the connection error is its own
-	}
+// followerRefusal asks each of addrs, where no leader was found, directly
+// (one address, no health checking, no retry) and returns the first
+// refusal as a follower (NOT_LEADER), which names the leader: addrs lack
+// it. Nil if none refused so (then the connection error says why).
+func (c *cli) followerRefusal(ctx context.Context, addrs []string) error {
 	for _, addr := range addrs {
 		cl, err := c.dialAddr(addr, "", client.WithRetry(client.RetryPolicy{MaxAttempts: 1}))
 		if err != nil {
@@ -102,7 +121,7 @@ func (c *cli) followerRefusal(ctx context.Context) error {
 		if leader != "" {
 			fix = fmt.Sprintf("Add %s to --addr (or SNAPCOORD_ADDR)", leader)
 		}
-		return withExit(exitUnavailable, fmt.Errorf("no leader among %s: %s answers %q. %s",
+		return withExit(exitUnavailable, fmt.Errorf("no leader at %s: %s answers %q. %s",
 			c.conn.addr, addr, status.Convert(err).Message(), fix))
 	}
 	return nil

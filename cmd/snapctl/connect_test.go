@@ -229,8 +229,8 @@ func TestUnavailableAfterConnectIsRetried(t *testing.T) {
 }
 
 // Given several addresses, snapctl talks to the leader among them; a list
-// of followers only fails at once, quoting a follower's answer, which
-// names the leader the list lacks. The followers are stand-ins
+// of followers only, or a follower's one address, fails at once, quoting a
+// follower's answer, which names the leader the list lacks. The followers are stand-ins
 // (internal/fakefollower) answering as a coordinator that is not the
 // leader does.
 func TestAddressListFindsTheLeader(t *testing.T) {
@@ -243,18 +243,20 @@ func TestAddressListFindsTheLeader(t *testing.T) {
 		t.Errorf("run list through [follower, leader]: %q lacks the run", out)
 	}
 
-	start := time.Now()
-	r := s.wantExit(exitUnavailable, "--addr", f1.Addr()+","+f2.Addr(), "run", "list")
-	for _, want := range []string{
-		"no leader among " + f1.Addr() + "," + f2.Addr(),
-		"not the leader; the leader is at 10.1.2.3:7070",
-		"Add 10.1.2.3:7070 to --addr",
-	} {
-		if !strings.Contains(r.stderr, want) {
-			t.Errorf("followers only: stderr lacks %q:\n%s", want, r.stderr)
+	for _, list := range []string{f1.Addr() + "," + f2.Addr(), f1.Addr()} {
+		start := time.Now()
+		r := s.wantExit(exitUnavailable, "--addr", list, "run", "list")
+		for _, want := range []string{
+			"no leader at " + list + ": " + f1.Addr() + " answers",
+			"not the leader; the leader is at 10.1.2.3:7070",
+			"Add 10.1.2.3:7070 to --addr",
+		} {
+			if !strings.Contains(r.stderr, want) {
+				t.Errorf("--addr %s (followers only): stderr lacks %q:\n%s", list, want, r.stderr)
+			}
 		}
-	}
-	if took := time.Since(start); took > failFastBound {
-		t.Errorf("followers only took %v to fail, want at most %v", took, failFastBound)
+		if took := time.Since(start); took > failFastBound {
+			t.Errorf("--addr %s (followers only) took %v to fail, want at most %v", list, took, failFastBound)
+		}
 	}
 }

@@ -38,7 +38,8 @@ type Config struct {
 	DataDir string
 	// Etcd, with endpoints, runs it on the etcd store (--store etcd)
 	// instead of a bbolt file in DataDir. Start then returns once the
-	// process serves, leader or follower (see Proc.Health).
+	// process serves, leader or follower, unless HealthService asks for
+	// leadership.
 	Etcd Etcd
 	// Addr is the gRPC address; empty picks a free loopback port once, kept
 	// across restarts so that clients reconnect to the same address.
@@ -54,6 +55,10 @@ type Config struct {
 	// Env is added to this process's environment, from which every
 	// SNAPCOORD_* variable is removed first (see CleanEnv).
 	Env []string
+	// HealthService is the health service Start waits to be SERVING:
+	// default "", the whole server. A coordinator on etcd serves
+	// snapcoord.v1.RunService only once it is the leader.
+	HealthService string
 	// StartTimeout bounds the wait for SERVING; default 60 s.
 	StartTimeout time.Duration
 	// Creds are what the SERVING check connects with when the coordinator
@@ -194,9 +199,10 @@ func (c Config) args() []string {
 	return append(args, c.Args...)
 }
 
-// awaitServing asks the health service until it says SERVING. Each check
-// waits for the connection, which retries every 2 ms, so the first SERVING
-// is seen within a few milliseconds of the process reaching it.
+// awaitServing asks the health service until it says SERVING for
+// Config.HealthService. Each check waits for the connection, which retries
+// every 2 ms, so the first SERVING is seen within a few milliseconds of the
+// process reaching it.
 func (p *Proc) awaitServing(ctx context.Context, conn *grpc.ClientConn) error {
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.StartTimeout)
 	defer cancel()
@@ -211,7 +217,7 @@ func (p *Proc) awaitServing(ctx context.Context, conn *grpc.ClientConn) error {
 	}()
 	health := healthpb.NewHealthClient(conn)
 	for {
-		resp, err := health.Check(ctx, &healthpb.HealthCheckRequest{}, grpc.WaitForReady(true))
+		resp, err := health.Check(ctx, &healthpb.HealthCheckRequest{Service: p.cfg.HealthService}, grpc.WaitForReady(true))
 		if err == nil && resp.GetStatus() == healthpb.HealthCheckResponse_SERVING {
 			return nil
 		}
@@ -241,30 +247,24 @@ func (p *Proc) Health(ctx context.Context, service string) (healthpb.HealthCheck
 	return resp.GetStatus(), err
 }
 
-// WatchHealth returns once the health service reports want for service,
-// or with ctx's error; it watches rather than polls, so it returns as
-// soon as the status changes.
-func (p *Proc) WatchHealth(ctx context.Context, service string, want healthpb.HealthCheckResponse_ServingStatus) error {
-	conn, err := p.dial()
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
+// AwaitHealth returns once the health service reports want for service
+// (see WatchHealth), or with an error if ctx ends or the watch fails first.
+func (p *Proc) AwaitHealth(ctx context.Context, service string, want healthpb.HealthCheckResponse_ServingStatus) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stream, err := healthpb.NewHealthClient(conn).Watch(ctx, &healthpb.HealthCheckRequest{Service: service}, grpc.WaitForReady(true))
+	statuses, err := p.WatchHealth(ctx, service)
 	if err != nil {
 		return err
 	}
-	for {
-		resp, err := stream.Recv()
-		if err != nil {
-			return fmt.Errorf("watch health of %q at %s: %w", service, p.Addr, err)
-		}
-		if resp.GetStatus() == want {
+	for st := range statuses {
+		if st == want {
 			return nil
 		}
 	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("health of %q at %s never %v: %w", service, p.Addr, want, err)
+	}
+	return fmt.Errorf("health of %q at %s never %v: the watch ended (the process exited?)", service, p.Addr, want)
 }
 
 func (p *Proc) dial() (*grpc.ClientConn, error) {
@@ -441,4 +441,41 @@ func CleanEnv(extra ...string) []string {
 		}
 	}
 	return append(env, extra...)
+}
+
+// WatchHealth streams the coordinator's health status for service (its
+// gRPC health Watch) into the returned channel, which is closed when ctx
+// ends or the stream fails (the process died, say). Every status the
+// server sends is delivered, the current one first; a receiver that falls
+// behind holds the stream back, not the coordinator. Several coordinators
+// on one etcd prefix report NOT_SERVING for snapcoord.v1.RunService and
+// snapcoord.v1.WorkerService except on the leader, so watching those shows
+// the moment a follower takes over.
+func (p *Proc) WatchHealth(ctx context.Context, service string) (<-chan healthpb.HealthCheckResponse_ServingStatus, error) {
+	conn, err := p.dial()
+	if err != nil {
+		return nil, err
+	}
+	stream, err := healthpb.NewHealthClient(conn).Watch(ctx, &healthpb.HealthCheckRequest{Service: service}, grpc.WaitForReady(true))
+	if err != nil {
+		_ = conn.Close()
+		return nil, err
+	}
+	out := make(chan healthpb.HealthCheckResponse_ServingStatus)
+	go func() {
+		defer conn.Close()
+		defer close(out)
+		for {
+			resp, err := stream.Recv()
+			if err != nil {
+				return
+			}
+			select {
+			case out <- resp.GetStatus():
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return out, nil
 }

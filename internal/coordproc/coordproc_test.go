@@ -7,6 +7,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 )
 
 var bin string
@@ -49,5 +51,37 @@ func TestStartReportsAnEarlyExit(t *testing.T) {
 	}
 	if took := time.Since(began); took > 30*time.Second {
 		t.Errorf("Start took %v to see the exit", took)
+	}
+}
+
+// WatchHealth delivers the service's current status first, and its
+// channel closes when the coordinator dies.
+func TestWatchHealth(t *testing.T) {
+	p := ForTest(t, Config{Bin: bin, DataDir: filepath.Join(t.TempDir(), "data")})
+	ch, err := p.WatchHealth(t.Context(), "snapcoord.v1.RunService")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := <-ch; st != healthpb.HealthCheckResponse_SERVING {
+		t.Errorf("first status %v, want SERVING", st)
+	}
+	if err := p.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	for st := range ch {
+		t.Errorf("status %v after the kill", st)
+	}
+}
+
+// Start waits for Config.HealthService: a coordinator serving RunService is
+// ready; one that never reports the named service is not, and Start says
+// which service it waited for.
+func TestStartWaitsForTheHealthService(t *testing.T) {
+	ForTest(t, Config{Bin: bin, DataDir: filepath.Join(t.TempDir(), "data"), HealthService: "snapcoord.v1.RunService"})
+	dir := t.TempDir()
+	_, err := Start(t.Context(), Config{Bin: bin, DataDir: filepath.Join(dir, "data"), LogPath: filepath.Join(dir, "log"),
+		Args: []string{"--metrics-listen", ""}, HealthService: "no.such.Service", StartTimeout: 3 * time.Second})
+	if err == nil || !strings.Contains(err.Error(), "did not report SERVING") {
+		t.Errorf("Start waiting for an unknown service = %v, want a timeout", err)
 	}
 }

@@ -126,7 +126,7 @@ func TestMemberFaults(t *testing.T) {
 	if err := c.Restart(ctx, 0); err != nil {
 		t.Fatal(err)
 	}
-	only0, err := newClient(c.Endpoints()[:1])
+	only0, err := newClient(c.Endpoints()[:1], nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -34,10 +34,16 @@ func Require(t testing.TB) {
 // when t ends, and its members' logs are printed if t failed.
 func Start(t testing.TB, n int) *Cluster {
 	t.Helper()
+	return StartTLS(t, n, nil)
+}
+
+// StartTLS is Start with clients served over mutual TLS (see TLS).
+func StartTLS(t testing.TB, n int, tls *TLS) *Cluster {
+	t.Helper()
 	Require(t)
 	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
 	defer cancel()
-	c, err := Launch(ctx, t.TempDir(), n)
+	c, err := LaunchTLS(ctx, t.TempDir(), n, tls)
 	if err != nil {
 		t.Fatal(err)
 	}

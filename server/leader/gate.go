@@ -1,7 +1,8 @@
 // Package leader is the follower gate of a coordinator group on one store:
 // only the coordinator that leads serves RunService and WorkerService, each
-// call with the engine of the term it arrived in, and a term ends before
-// the next can begin anywhere (the store fences every commit by it).
+// call with the engine of the term it arrived in. A leader deposed before
+// it noticed may still let calls in, but commits nothing: the store fences
+// every commit by the term, and a refused one ends it.
 package leader
 
 import (

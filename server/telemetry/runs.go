@@ -27,6 +27,7 @@ const (
 	MetricRunMargin          = "snapcoord.run.margin"
 	MetricRunSnapshotFails   = "snapcoord.run.snapshot.failures_in_a_row"
 	MetricHealthServing      = "snapcoord.health.serving"
+	MetricLeader             = "snapcoord.leader"
 	MetricStoreCommitFailed  = "snapcoord.store.commit.failed"
 )
 
@@ -35,7 +36,7 @@ type runGauges struct {
 	state, snapshotFails                   metric.Int64ObservableGauge
 	untilB, untilFires, spare              metric.Float64ObservableGauge
 	iteration, checkpoint, reserve, margin metric.Float64ObservableGauge
-	serving, commitFailed                  metric.Int64ObservableGauge
+	serving, commitFailed, leader          metric.Int64ObservableGauge
 }
 
 func newRunGauges(meter metric.Meter) (*runGauges, error) {
@@ -62,6 +63,7 @@ func newRunGauges(meter metric.Meter) (*runGauges, error) {
 	g.margin = f(MetricRunMargin, "The run's M: the safety margin.")
 	g.serving = i(MetricHealthServing, "", "1 while gRPC health reports SERVING, 0 otherwise.")
 	g.commitFailed = i(MetricStoreCommitFailed, "", "1 once a store commit has failed: the coordinator refuses changes until restarted.")
+	g.leader = i(MetricLeader, "", "1 while this coordinator serves RunService and WorkerService: always on bbolt, while it leads its group on etcd.")
 	for _, e := range errs {
 		if e != nil {
 			return nil, e
@@ -74,6 +76,7 @@ func newRunGauges(meter metric.Meter) (*runGauges, error) {
 type LiveView struct {
 	Runs         func() []engine.LiveRun
 	Serving      func() bool
+	Leading      func() bool
 	CommitFailed func() bool
 	Now          func() time.Time
 }
@@ -89,12 +92,13 @@ func (t *Telemetry) ObserveLive(v LiveView) error {
 	reg, err := meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		o.ObserveInt64(g.serving, boolGauge(v.Serving()))
 		o.ObserveInt64(g.commitFailed, boolGauge(v.CommitFailed()))
+		o.ObserveInt64(g.leader, boolGauge(v.Leading()))
 		now := v.Now()
 		for _, lr := range v.Runs() {
 			g.observeRun(o, now, lr)
 		}
 		return nil
-	}, g.state, g.snapshotFails, g.untilB, g.untilFires, g.spare, g.iteration, g.checkpoint, g.reserve, g.margin, g.serving, g.commitFailed)
+	}, g.state, g.snapshotFails, g.untilB, g.untilFires, g.spare, g.iteration, g.checkpoint, g.reserve, g.margin, g.serving, g.commitFailed, g.leader)
 	if err != nil {
 		return fmt.Errorf("telemetry: per-run gauges: %w", err)
 	}

@@ -28,7 +28,8 @@ _WORKER_PREFIX = "/snapcoord.v1.WorkerService/"
 # With several addresses, gRPC sends every call to a coordinator whose health
 # reports this service SERVING: the leader (the followers of an etcd-backed
 # group report NOT_SERVING), or any coordinator on bbolt. While none does
-# (an election), calls fail at once with UNAVAILABLE and are retried.
+# (an election), calls fail at once with UNAVAILABLE and are retried; a
+# worker's own calls wait instead (_WaitForReady).
 _FOLLOW_LEADER_CONFIG = json.dumps(
     {
         "loadBalancingConfig": [{"round_robin": {}}],

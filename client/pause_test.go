@@ -133,3 +133,29 @@ func TestRetryGoesOutWhenALeaderServes(t *testing.T) {
 		})
 	}
 }
+
+// While no coordinator leads, waiting for one does not bring attempts
+// closer together: a call fails after the policy's attempts and no sooner
+// than its backoffs add up, with the connection's error, and the follower,
+// which health checking keeps calls away from, sees none of them.
+func TestNoLeaderCallFailsAfterTheBackoff(t *testing.T) {
+	f := fakefollower.Start(t, fakefollower.Options{})
+	const wait = 200 * time.Millisecond
+	seen := newAttempts(v1.RunService_GetRun_FullMethodName)
+	cl := dialList(t, f.Addr()+","+freeAddr(t), "",
+		client.WithRetry(client.RetryPolicy{MaxAttempts: 3, Base: wait, Max: wait}),
+		client.WithDialOptions(grpc.WithChainUnaryInterceptor(seen.unary)))
+	start := time.Now()
+	_, err := cl.Runs.GetRun(t.Context(), &v1.GetRunRequest{RunId: "r1"})
+	took := time.Since(start)
+	if status.Code(err) != codes.Unavailable {
+		t.Fatalf("GetRun with no leader: %v; want UNAVAILABLE", err)
+	}
+	// Two waits of 200 ms -20% jitter at least.
+	if n := len(seen.all()); n != 3 || took < 2*wait*8/10 {
+		t.Errorf("%d attempts in %v; want the policy's 3, at least 320 ms apart in all", n, took)
+	}
+	if f.Calls() != 0 {
+		t.Errorf("the follower got %d calls", f.Calls())
+	}
+}

@@ -91,6 +91,9 @@ func (w *Worker) recover(ctx context.Context, err error, inc int64) error {
 			return rerr
 		}
 		return nil
+	case codes.OutOfRange:
+		w.resync(ctx, err)
+		return nil
 	case codes.Unauthenticated, codes.PermissionDenied, codes.InvalidArgument:
 		return err
 	}
@@ -161,15 +164,46 @@ func (w *Worker) poll(ctx context.Context, inc int64) (stopped, progressed bool,
 	return false, true, nil
 }
 
-// deliver hands one command to the consumer and advances the resume point.
+// resync moves the resume point back after the coordinator said it lies
+// past the end of the command log (OUT_OF_RANGE): its state was restored
+// from a backup or replaced, and waiting for the log to catch up would
+// skip every command issued meanwhile. The worker then reads the log again
+// from where a new process would start: with Replay from 0, otherwise from
+// the resume point of a new registration (the end of the log, or the
+// command still waiting for this worker: a SaveAtDeadline issued since the
+// restore). The commands it delivered before are not delivered again (see
+// seenLog). If registering fails, the next fetch meets OUT_OF_RANGE again
+// and resync tries again.
+func (w *Worker) resync(ctx context.Context, cause error) {
+	w.log.Warn("the coordinator's command log ends before this worker's resume point (its state was restored or replaced): reading it again",
+		"last_seq", w.LastSeq(), "err", status.Convert(cause).Message())
+	from := int64(0)
+	if !w.cfg.Replay {
+		if err := w.reregister(ctx, "command log behind the resume point"); err != nil {
+			return
+		}
+		w.mu.Lock()
+		from = w.reg.GetResumeAfterSeq()
+		w.mu.Unlock()
+	}
+	w.mu.Lock()
+	w.lastSeq = from
+	w.mu.Unlock()
+}
+
+// deliver hands one command to the consumer, unless it was delivered
+// before a resync, and advances the resume point.
 func (w *Worker) deliver(ctx context.Context, cmd *v1.Command) (stopped bool, err error) {
 	if cmd.GetSeq() <= w.LastSeq() {
 		return false, nil // already delivered before a reconnect
 	}
-	select {
-	case w.cmds <- cmd:
-	case <-ctx.Done():
-		return false, ctx.Err()
+	if !w.seen.has(cmd.GetSeq(), cmd) {
+		select {
+		case w.cmds <- cmd:
+		case <-ctx.Done():
+			return false, ctx.Err()
+		}
+		w.seen.add(cmd.GetSeq(), cmd)
 	}
 	w.mu.Lock()
 	w.lastSeq = cmd.GetSeq()

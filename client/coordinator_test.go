@@ -128,6 +128,9 @@ type gate struct {
 	rejectStreams bool              // StreamCommands answers UNIMPLEMENTED
 	streamed      chan struct{}     // closed at the first StreamCommands
 	partitioned   bool              // Heartbeat and RegisterWorker answer UNAVAILABLE
+	// registerRefused is closed at the first RegisterWorker the partition
+	// refused: a worker has presumed its lease lost.
+	registerRefused chan struct{}
 	// alter, if set, changes a unary call's answer, as a newer coordinator
 	// might give it.
 	alter func(name string, resp any)
@@ -135,7 +138,7 @@ type gate struct {
 
 func newGate() *gate {
 	return &gate{calls: map[string]int{}, auth: map[string]string{}, failNext: map[string]int{}, loseReply: map[string]int{},
-		streamed: make(chan struct{})}
+		streamed: make(chan struct{}), registerRefused: make(chan struct{})}
 }
 
 func (g *gate) admit(ctx context.Context, fullMethod string) error {
@@ -156,6 +159,10 @@ func (g *gate) admit(ctx context.Context, fullMethod string) error {
 	case g.rejectStreams && name == "StreamCommands":
 		return status.Error(codes.Unimplemented, "gate: no streaming here")
 	case g.partitioned && (name == "Heartbeat" || name == "RegisterWorker"):
+		if name == "RegisterWorker" && g.registerRefused != nil {
+			close(g.registerRefused)
+			g.registerRefused = nil
+		}
 		return status.Error(codes.Unavailable, "gate: partitioned")
 	}
 	return nil

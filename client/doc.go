@@ -21,7 +21,11 @@
 // falling back to long polling when streaming fails; they resume after the
 // last delivered sequence number across disconnects and coordinator
 // restarts, register again when their lease lapsed or the coordinator
-// dropped them, and deregister on Close.
+// dropped them, and deregister on Close. If the coordinator says their
+// resume point lies past the end of its log (OUT_OF_RANGE: its state was
+// restored or replaced), they read the log again from where a new process
+// would start, skipping the commands they already delivered; WatchEvents
+// does the same from the afterSeq it was given.
 //
 // # Several coordinators
 //

@@ -22,12 +22,26 @@ func (e callbackError) Unwrap() error { return e.err }
 // order. Without follow it returns once the events recorded so far were
 // delivered; with follow it goes on until the run is terminal and all its
 // events were delivered. A disconnect or a coordinator restart is resumed
-// after the last delivered seq, with the client's backoff. It returns fn's
-// error as is, or the status that ended the watch.
+// after the last delivered seq, with the client's backoff. If the
+// coordinator's event log then ends before that seq (OUT_OF_RANGE: its
+// state was restored or replaced), the watch reads the log again from
+// afterSeq, skipping the events it delivered (the same event at the same
+// seq; see seenLog). An afterSeq past the end of the log from the start is
+// the caller's, and so is that OUT_OF_RANGE: it is returned. It returns
+// fn's error as is, or the status that ended the watch.
 func (c *Client) WatchEvents(ctx context.Context, runID string, afterSeq int64, follow bool, fn func(*v1.RunEvent) error) error {
 	var failures uint
+	start := afterSeq
+	seen := newSeenLog()
+	deliver := func(ev *v1.RunEvent) error {
+		if seen.has(ev.GetSeq(), ev) {
+			return nil
+		}
+		seen.add(ev.GetSeq(), ev)
+		return fn(ev)
+	}
 	for {
-		last, err := c.watchOnce(ctx, &v1.WatchRunRequest{RunId: runID, AfterSeq: afterSeq, NoFollow: !follow}, fn)
+		last, err := c.watchOnce(ctx, &v1.WatchRunRequest{RunId: runID, AfterSeq: afterSeq, NoFollow: !follow}, deliver)
 		if last > afterSeq {
 			afterSeq, failures = last, 0
 		}
@@ -37,6 +51,9 @@ func (c *Client) WatchEvents(ctx context.Context, runID string, afterSeq int64, 
 			return nil
 		case errors.As(err, &cb):
 			return cb.err
+		case status.Code(err) == codes.OutOfRange && afterSeq > start:
+			afterSeq = start // read the log again
+			continue
 		case status.Code(err) != codes.Unavailable || ctx.Err() != nil:
 			return fmt.Errorf("client: watch run %s: %w", runID, err)
 		}

@@ -3,6 +3,8 @@ package client
 import (
 	"testing"
 	"time"
+
+	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 )
 
 // After a long outage a worker re-opens its command stream at most a second
@@ -24,5 +26,13 @@ func TestFollowWaitIsCappedAtASecond(t *testing.T) {
 	}
 	if d := connectParams.Backoff.MaxDelay; d > time.Second {
 		t.Errorf("the connection's reconnect backoff reaches %v, want at most 1s", d)
+	}
+}
+
+// Worker.ReportSnapshot repeats its call until answered: the API must
+// declare it safe to repeat, in the one list of such calls (rpcfacts).
+func TestReportSnapshotIsDeclaredRetrySafe(t *testing.T) {
+	if !retried[v1.WorkerService_ReportSnapshot_FullMethodName] {
+		t.Fatal("ReportSnapshot is not retry_safe in proto/snapcoord/v1, yet Worker.ReportSnapshot repeats it")
 	}
 }

@@ -110,6 +110,7 @@ type Worker struct {
 	lastAck  time.Time // the last registration or acknowledged heartbeat
 	runState v1.RunState
 	lastSeq  int64
+	seen     *seenLog // the commands delivered, by seq, for a resync
 	polling  bool
 	err      error
 }
@@ -125,7 +126,8 @@ type Worker struct {
 // per connection.
 func (c *Client) StartWorker(ctx context.Context, cfg WorkerConfig) (*Worker, error) {
 	cfg = cfg.withDefaults()
-	w := &Worker{c: c, cfg: cfg, log: cfg.Logger, cmds: make(chan *v1.Command), done: make(chan struct{}), polling: cfg.Poll}
+	w := &Worker{c: c, cfg: cfg, log: cfg.Logger, cmds: make(chan *v1.Command), done: make(chan struct{}), polling: cfg.Poll,
+		seen: newSeenLog()}
 	if err := w.register(ctx, 0); err != nil {
 		return nil, fmt.Errorf("client: register %q in run %q: %w", cfg.Name, cfg.RunID, err)
 	}
@@ -195,20 +197,31 @@ func (w *Worker) Polling() bool {
 }
 
 // ReportSnapshot reports how this environment worker's part of a snapshot
-// ended. Safe to repeat: the coordinator keeps the first report.
+// ended. Safe to repeat: the coordinator keeps the first report. While the
+// coordinator is unreachable (UNAVAILABLE: down, restarting, or no leader
+// yet in a failover) the report is made again, with the client's backoff,
+// until it is answered or ctx ends, however long that takes and whatever
+// the policy's MaxAttempts: a report given up on leaves the snapshot
+// incomplete though the worker saved, and a coordinator that comes back
+// still counts a report within its restart grace. Bound the wait with ctx.
 func (w *Worker) ReportSnapshot(ctx context.Context, snapshotID string, outcome v1.SnapshotOutcome, took time.Duration, message string) (v1.RunState, error) {
 	var resp *v1.ReportSnapshotResponse
-	err := w.fenced(ctx, func(inc int64) (err error) {
+	report := func(inc int64) (err error) {
 		resp, err = w.c.Workers.ReportSnapshot(ctx, &v1.ReportSnapshotRequest{
 			RunId: w.cfg.RunID, WorkerId: w.ID(), SnapshotId: snapshotID,
 			Outcome: outcome, DurationSeconds: took.Seconds(), Message: message, Incarnation: inc,
-		})
+		}, noRetry)
 		return err
-	})
-	if err != nil {
-		return 0, fmt.Errorf("client: report snapshot %s: %w", snapshotID, err)
 	}
-	return resp.GetRunState(), nil
+	for attempt := uint(1); ; attempt++ {
+		err := w.fenced(ctx, report)
+		if err == nil {
+			return resp.GetRunState(), nil
+		}
+		if status.Code(err) != codes.Unavailable || !sleep(ctx, w.c.retry.backoff(attempt)) {
+			return 0, fmt.Errorf("client: report snapshot %s: %w", snapshotID, err)
+		}
+	}
 }
 
 // Close stops the background work and deregisters the worker, so that no

@@ -210,10 +210,19 @@ func TestWorkerRegistersAgainAfterLeaseLapsed(t *testing.T) {
 	admin := co.dial("")
 	w := startEnvWorker(t, cl, "r1", false)
 
-	co.gate.set(func(g *gate) { g.partitioned = true })
+	var refused chan struct{}
+	co.gate.set(func(g *gate) { g.partitioned, refused = true, g.registerRefused })
 	awaitEvent(t, admin, "r1", "the worker declared LOST", func(ev *v1.RunEvent) bool {
 		return ev.GetType() == v1.RunEventType_RUN_EVENT_TYPE_WORKER_LOST
 	})
+	// Healed only once the worker has presumed its lease lost: healed
+	// before, its next heartbeat would bring it back as it was (a LOST
+	// worker heartbeating is LIVE again), which is not what this tests.
+	select {
+	case <-refused:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the worker never tried to register again while partitioned")
+	}
 	co.gate.set(func(g *gate) { g.partitioned = false })
 	awaitRegisteredAgain(t, admin, w)
 

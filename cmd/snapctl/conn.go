@@ -13,6 +13,11 @@ import (
 // dial connects with the admin token of --token or --token-file, and with
 // runToken for WorkerService calls (the sidecar's).
 func (c *cli) dial(runToken string) (*client.Client, error) {
+	return c.dialAddr(c.conn.addr, runToken, client.WithDialOptions(grpc.WithChainUnaryInterceptor(c.lastUnavailable.record)))
+}
+
+// dialAddr is dial to addr (one address, or a list), with extra options.
+func (c *cli) dialAddr(addr, runToken string, extra ...client.Option) (*client.Client, error) {
 	admin, err := c.adminToken()
 	if err != nil {
 		return nil, err
@@ -21,8 +26,7 @@ func (c *cli) dial(runToken string) (*client.Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	cl, err := client.Dial(c.conn.addr, client.WithToken(admin), client.WithRunToken(runToken), transport,
-		client.WithDialOptions(grpc.WithChainUnaryInterceptor(c.lastUnavailable.record)))
+	cl, err := client.Dial(addr, append([]client.Option{client.WithToken(admin), client.WithRunToken(runToken), transport}, extra...)...)
 	if err != nil {
 		return nil, withExit(exitInvalid, err)
 	}
@@ -43,7 +47,7 @@ func (c *cli) transport() (client.Option, error) {
 			return nil, err
 		}
 	}
-	if !plain && len(tlsFlags) == 0 && !c.plaintextChosen() && loopback.Is(c.conn.addr) {
+	if !plain && len(tlsFlags) == 0 && !c.plaintextChosen() && allLoopback(client.Addrs(c.conn.addr)) {
 		plain, c.conn.plainByDefault = true, true
 	}
 	c.conn.plainInUse = plain
@@ -51,6 +55,16 @@ func (c *cli) transport() (client.Option, error) {
 		return client.WithInsecure(), nil
 	}
 	return client.WithTLS(client.TLS{CAFile: c.conn.caFile, CertFile: c.conn.certFile, KeyFile: c.conn.keyFile, ServerName: c.conn.serverName}), nil
+}
+
+// allLoopback: every address of the list is on this host.
+func allLoopback(addrs []string) bool {
+	for _, a := range addrs {
+		if !loopback.Is(a) {
+			return false
+		}
+	}
+	return len(addrs) > 0
 }
 
 // plaintextChosen: --plaintext or SNAPCOORD_PLAINTEXT was given, either

@@ -14,6 +14,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
+	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 	"github.com/snapcoord/snapcoord/client"
 	"github.com/snapcoord/snapcoord/cmd/internal/durations"
 )
@@ -34,7 +35,29 @@ func (c *cli) connect(ctx context.Context) (*client.Client, error) {
 		cl.Close()
 		return nil, err
 	}
+	if err := c.awaitLeader(ctx, cl.Conn()); err != nil {
+		cl.Close()
+		return nil, err
+	}
 	return cl, nil
+}
+
+// awaitLeader fails at once, naming the leader, when the one address given
+// is a follower's: its calls would be refused NOT_LEADER, retried for
+// about 20 s, and refused again. Its health tells: RunService NOT_SERVING.
+// (A list finds its leader by health checks, or fails to connect.)
+func (c *cli) awaitLeader(ctx context.Context, conn *grpc.ClientConn) error {
+	addrs := client.Addrs(c.conn.addr)
+	if len(addrs) != 1 {
+		return nil
+	}
+	ctx, cancel := c.call(ctx)
+	defer cancel()
+	resp, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{Service: v1.RunService_ServiceDesc.ServiceName})
+	if err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_NOT_SERVING {
+		return nil // SERVING, or a coordinator without this health: the calls tell
+	}
+	return c.followerRefusal(ctx, addrs)
 }
 
 // awaitConnection waits until conn is READY, or its first attempt failed.
@@ -69,8 +92,39 @@ func (c *cli) connectFailure(ctx context.Context, conn *grpc.ClientConn) error {
 	if st, ok := status.FromError(err); err == nil || !ok || st.Code() != codes.Unavailable {
 		return nil
 	}
+	if addrs := client.Addrs(c.conn.addr); len(addrs) > 1 {
+		if refusal := c.followerRefusal(ctx, addrs); refusal != nil {
+			return refusal
+		}
+	}
 	cause := connectCause(status.Convert(err).Message())
 	return withExit(exitUnavailable, fmt.Errorf("cannot connect to %s over %s: %s. %s", c.conn.addr, c.transportName(), cause, c.connectFix(cause)))
+}
+
+// followerRefusal asks each of addrs, where no leader was found, directly
+// (one address, no health checking, no retry) and returns the first
+// refusal as a follower (NOT_LEADER), which names the leader: addrs lack
+// it. Nil if none refused so (then the connection error says why).
+func (c *cli) followerRefusal(ctx context.Context, addrs []string) error {
+	for _, addr := range addrs {
+		cl, err := c.dialAddr(addr, "", client.WithRetry(client.RetryPolicy{MaxAttempts: 1}))
+		if err != nil {
+			return err
+		}
+		_, err = cl.Runs.ListRuns(ctx, &v1.ListRunsRequest{PageSize: 1})
+		cl.Close()
+		leader, ok := client.NotLeader(err)
+		if !ok {
+			continue
+		}
+		fix := "No coordinator leads at the moment: an election is under way, or the coordinators cannot reach etcd"
+		if leader != "" {
+			fix = fmt.Sprintf("Add %s to --addr (or SNAPCOORD_ADDR)", leader)
+		}
+		return withExit(exitUnavailable, fmt.Errorf("no leader at %s: %s answers %q. %s",
+			c.conn.addr, addr, status.Convert(err).Message(), fix))
+	}
+	return nil
 }
 
 // attemptLog keeps the error of the last attempt of a call that failed

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+	"github.com/snapcoord/snapcoord/internal/fakefollower"
 	"github.com/snapcoord/snapcoord/internal/testpki"
 )
 
@@ -120,6 +121,8 @@ func TestTransportDefault(t *testing.T) {
 		{addr: "localhost:7070", plain: true},
 		{addr: "coordinator.example:7070", plain: false},
 		{addr: "10.0.0.7:7070", plain: false},
+		{addr: "127.0.0.1:7070,127.0.0.1:7071", plain: true},
+		{addr: "127.0.0.1:7070,10.0.0.7:7070", plain: false}, // every address of a list must be loopback
 		{addr: "127.0.0.1:7070", ca: "ca.pem", plain: false},
 		{addr: "127.0.0.1:7070", env: map[string]string{"SNAPCOORD_PLAINTEXT": "false"}, plain: false},
 		{addr: "127.0.0.1:7070", flags: map[string]bool{"plaintext": true}, plain: false}, // --plaintext=false
@@ -222,5 +225,38 @@ func TestUnavailableAfterConnectIsRetried(t *testing.T) {
 	}
 	if n := runs.calls.Load(); n < 2 || took < 2*time.Second || took > 2*time.Second+failFastBound {
 		t.Errorf("%d attempts in %v, want several within --timeout 2s", n, took)
+	}
+}
+
+// Given several addresses, snapctl talks to the leader among them; a list
+// of followers only, or a follower's one address, fails at once, quoting a
+// follower's answer, which names the leader the list lacks. The followers are stand-ins
+// (internal/fakefollower) answering as a coordinator that is not the
+// leader does.
+func TestAddressListFindsTheLeader(t *testing.T) {
+	s := startServer(t)
+	f1 := fakefollower.Start(t, fakefollower.Options{Leader: "10.1.2.3:7070"})
+	f2 := fakefollower.Start(t, fakefollower.Options{Leader: "10.1.2.3:7070"})
+	s.turnRun("listed")
+	out := s.ok("--addr", f1.Addr()+","+s.addr, "run", "list")
+	if !strings.Contains(out, "listed") {
+		t.Errorf("run list through [follower, leader]: %q lacks the run", out)
+	}
+
+	for _, list := range []string{f1.Addr() + "," + f2.Addr(), f1.Addr()} {
+		start := time.Now()
+		r := s.wantExit(exitUnavailable, "--addr", list, "run", "list")
+		for _, want := range []string{
+			"no leader at " + list + ": " + f1.Addr() + " answers",
+			"not the leader; the leader is at 10.1.2.3:7070",
+			"Add 10.1.2.3:7070 to --addr",
+		} {
+			if !strings.Contains(r.stderr, want) {
+				t.Errorf("--addr %s (followers only): stderr lacks %q:\n%s", list, want, r.stderr)
+			}
+		}
+		if took := time.Since(start); took > failFastBound {
+			t.Errorf("--addr %s (followers only) took %v to fail, want at most %v", list, took, failFastBound)
+		}
 	}
 }

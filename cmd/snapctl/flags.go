@@ -59,7 +59,7 @@ var envNames = map[string]string{
 func (c *cli) newFlagSet(name string) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(io.Discard) // errors are printed once, by fail
-	fs.StringVar(&c.conn.addr, "addr", c.conn.addr, "coordinator `address`")
+	fs.StringVar(&c.conn.addr, "addr", c.conn.addr, "coordinator `address`, or a comma-separated list")
 	fs.StringVar(&c.conn.token, "token", c.conn.token, "admin `token`")
 	fs.StringVar(&c.conn.tokenFile, "token-file", c.conn.tokenFile, "read the admin token from `file`")
 	fs.BoolVar(&c.conn.plaintext, "plaintext", c.conn.plaintext, "connect without TLS")

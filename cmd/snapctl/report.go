@@ -22,8 +22,9 @@ type snapshotReporter interface {
 // Defaults of a reporter.
 const (
 	// reportRetryInterval is the wait between two attempts. An attempt
-	// already holds the client's own retries (about 20 s, waits growing to
-	// 5 s), so the wait after it needs no growth of its own; kept short,
+	// already holds the client's own retries (Worker.ReportSnapshot retries
+	// until the attempt's timeout, waits growing to 5 s), so the wait after
+	// it needs no growth of its own; kept short,
 	// it adds at most a second to a report's delay once the coordinator is
 	// back, well within the grace a restarted coordinator gives reports
 	// (--lease-ttl).

@@ -57,7 +57,9 @@ const usageTail = `  version           print the version and commit (also --vers
 Flags may come before or after the arguments. Every command takes the
 connection flags (and their environment variables):
 
-  --addr HOST:PORT     coordinator address (SNAPCOORD_ADDR, default 127.0.0.1:7070)
+  --addr HOST:PORT     coordinator address (SNAPCOORD_ADDR, default 127.0.0.1:7070);
+                       a comma-separated list for coordinators that share
+                       an etcd prefix: calls go to the leader
   --token TOKEN        admin token for run commands (SNAPCOORD_TOKEN)
   --token-file FILE    read the admin token from FILE (SNAPCOORD_TOKEN_FILE)
   --plaintext          no TLS: only for a coordinator on loopback or a trusted

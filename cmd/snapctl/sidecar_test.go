@@ -477,3 +477,26 @@ func TestSidecarDeadlineHookDoesNotWaitForAnOutage(t *testing.T) {
 		t.Errorf("reports %q, want snap-1's SKIPPED, superseded", f.reports)
 	}
 }
+
+// A sidecar given two addresses keeps following its commands when the
+// coordinator goes down on one and comes back on the other (its data
+// served from another machine, as after a failover): it runs the deadline
+// hook, reports, and exits after the Stop.
+func TestSidecarFollowsTheCoordinatorToAnotherAddress(t *testing.T) {
+	s := startServer(t)
+	other := closedPort(t)
+	tok := s.turnRun("failover")
+	sc := s.sidecar("failover", tok, "--addr", s.addr+","+other, "--on-snapshot", "true")
+	if err := s.coord.Stop(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	s.coord = s.coord.RestartAtForTest(t, other)
+	s.addr = other
+	s.ok("run", "trigger", "failover")
+	if code := sc.exitCode(t); code != 0 {
+		t.Errorf("sidecar exit %d after Stop, want 0", code)
+	}
+	if _, rep := s.deadlineSnapshot("failover"); rep.GetOutcome() != v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SAVED {
+		t.Errorf("deadline snapshot report %v, want SAVED", rep)
+	}
+}

@@ -311,8 +311,14 @@ func (p *Proc) Resume() error { return p.cmd.Process.Signal(syscall.SIGCONT) }
 // Restart starts the same coordinator again: same binary, data directory,
 // addresses and flags. The previous process must have exited.
 func (p *Proc) Restart(ctx context.Context) (*Proc, error) {
+	return p.RestartAt(ctx, p.Addr)
+}
+
+// RestartAt is Restart on another gRPC address: the coordinator's data
+// served from another machine, as after a failover.
+func (p *Proc) RestartAt(ctx context.Context, addr string) (*Proc, error) {
 	cfg := p.cfg
-	cfg.Addr = p.Addr
+	cfg.Addr = addr
 	return Start(ctx, cfg)
 }
 

@@ -42,7 +42,13 @@ func ForTest(t testing.TB, cfg Config) *Proc {
 // RestartForTest is Restart for t, with ForTest's cleanup.
 func (p *Proc) RestartForTest(t testing.TB) *Proc {
 	t.Helper()
-	q, err := p.Restart(context.Background())
+	return p.RestartAtForTest(t, p.Addr)
+}
+
+// RestartAtForTest is RestartAt for t, with ForTest's cleanup.
+func (p *Proc) RestartAtForTest(t testing.TB, addr string) *Proc {
+	t.Helper()
+	q, err := p.RestartAt(context.Background(), addr)
 	if err != nil {
 		t.Fatalf("restart the coordinator: %v", err)
 	}

@@ -226,7 +226,7 @@ crashtest: build ## kill -9 crash loop, CRASH_CYCLES times; fails if an acknowle
 
 crashtest-ha: build ## Leader kill/pause loop on 3 etcd members and 3 coordinators, HA_CYCLES times (docs/ha.md); fails on a lost write, a changed decision or a write a deposed leader kept.
 	scripts/deps-etcd.sh
-	./bin/snapcrash --snapcoord bin/snapcoord --ha --cycles $(HA_CYCLES)
+	./bin/snapcrash --snapcoord bin/snapcoord --ha --cycles $(HA_CYCLES) --step-every 100ms
 
 fuzz: ## Run every fuzz target for FUZZTIME (e.g. FUZZTIME=10s).
 	for t in $(FUZZ_TARGETS); do \

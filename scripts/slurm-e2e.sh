@@ -152,8 +152,13 @@ for i in $(seq 120); do
 done
 scontrol requeue "$job"
 for _ in $(seq 60); do [ "$(job_field "$job" JobState)" = PENDING ] && break; sleep 0.5; done
-# A requeued job waits two minutes before it may start again: not here.
-scontrol update JobId="$job" StartTime=now
+# A requeued job waits two minutes before it may start again: not here. But
+# slurmd revokes the old allocation's credential when it lets go of it, to
+# the second, and refuses a new one made in that same second ("Job
+# credential revoked": the job FAILS). So: once the node is idle again, and
+# from the next second but one.
+for _ in $(seq 120); do sinfo -h -o %T | grep -qx idle && break; sleep 0.5; done
+scontrol update JobId="$job" StartTime=now+2
 say "requeued job $job at step $(json "$WORK/first.json" 'd["last_step"]')"
 wait_job_done "$job"
 out=$(cat "$WORK/grpo-$job.out")

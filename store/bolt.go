@@ -73,7 +73,7 @@ func (kv boltKV) Get(_ context.Context, b Bucket, key []byte) ([]byte, error) {
 	return kv.tx.Bucket(allBuckets[b]).Get(key), nil
 }
 
-func (kv boltKV) Scan(_ context.Context, b Bucket, prefix, from []byte, fn func(k, v []byte) (bool, error)) error {
+func (kv boltKV) Scan(_ context.Context, b Bucket, prefix, from []byte, _ int, fn func(k, v []byte) (bool, error)) error {
 	c := kv.tx.Bucket(allBuckets[b]).Cursor()
 	start := prefix
 	if bytes.Compare(from, prefix) > 0 {
@@ -87,6 +87,27 @@ func (kv boltKV) Scan(_ context.Context, b Bucket, prefix, from []byte, fn func(
 	}
 	for ; k != nil && bytes.HasPrefix(k, prefix); k, v = c.Next() {
 		if more, err := fn(k, v); !more || err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// GetAll is one Get per key: each is a lookup in the mapped file.
+func (kv boltKV) GetAll(_ context.Context, b Bucket, keys [][]byte) ([][]byte, error) {
+	bk := kv.tx.Bucket(allBuckets[b])
+	vals := make([][]byte, len(keys))
+	for i, k := range keys {
+		vals[i] = bk.Get(k)
+	}
+	return vals, nil
+}
+
+// ScanAll is one Scan per prefix.
+func (kv boltKV) ScanAll(ctx context.Context, b Bucket, prefixes [][]byte, fn func(i int, k, v []byte) error) error {
+	for i, p := range prefixes {
+		err := kv.Scan(ctx, b, p, nil, 0, func(k, v []byte) (bool, error) { return true, fn(i, k, v) })
+		if err != nil {
 			return err
 		}
 	}

@@ -46,7 +46,17 @@ type KV interface {
 	Get(ctx context.Context, b Bucket, key []byte) ([]byte, error)
 	// Scan calls fn with the keys of bucket b that start with prefix and
 	// are not below from, in byte order, until fn returns false or an error.
-	Scan(ctx context.Context, b Bucket, prefix, from []byte, fn func(k, v []byte) (bool, error)) error
+	// want, if above 0, says fn takes no more than want keys, so that a
+	// backend reading in pages reads no more.
+	Scan(ctx context.Context, b Bucket, prefix, from []byte, want int, fn func(k, v []byte) (bool, error)) error
+	// GetAll returns the values of keys in bucket b, in the order of keys;
+	// nil for a key not stored. Where every read is a round trip, as on
+	// etcd, the backend reads them together.
+	GetAll(ctx context.Context, b Bucket, keys [][]byte) ([][]byte, error)
+	// ScanAll calls fn(i, k, v) for every key k of bucket b that starts
+	// with prefixes[i]: prefix after prefix in the order given, each
+	// prefix's keys in byte order. Like GetAll, it reads them together.
+	ScanAll(ctx context.Context, b Bucket, prefixes [][]byte, fn func(i int, k, v []byte) error) error
 }
 
 // Viewer opens read views; every backend is one.
@@ -62,7 +72,7 @@ type Reader struct{ Viewer Viewer }
 
 // each calls fn for every record of bucket b whose key starts with prefix.
 func each(ctx context.Context, kv KV, b Bucket, prefix []byte, fn func(k, v []byte) error) error {
-	return kv.Scan(ctx, b, prefix, nil, func(k, v []byte) (bool, error) { return true, fn(k, v) })
+	return kv.Scan(ctx, b, prefix, nil, 0, func(k, v []byte) (bool, error) { return true, fn(k, v) })
 }
 
 // Load reads every run, sorted by run id, from one view, with its steps
@@ -150,7 +160,7 @@ func (r Reader) Events(runID string, after, upTo int64, limit int) ([]*snapcoord
 		if limit <= 0 {
 			return nil
 		}
-		return kv.Scan(ctx, idEvents, runPrefix(runID), seqKey(runID, after+1), func(k, v []byte) (bool, error) {
+		return kv.Scan(ctx, idEvents, runPrefix(runID), seqKey(runID, after+1), limit, func(k, v []byte) (bool, error) {
 			seq, err := seqOf(idEvents, k)
 			if err != nil || seq > upTo {
 				return false, err
@@ -240,23 +250,40 @@ func sortReports(reps []*snapcoordv1.SnapshotReport) {
 // their reports in the order reported, and passes them to yield in the
 // order given until it returns false. They come from one read transaction,
 // so from one commit. A snapshot not stored is an error.
+//
+// They are read in chunks, each chunk's snapshots and reports together
+// (on etcd a few requests, not two per snapshot). Chunks double in size
+// from one, so a yield that stops early, as a page full in bytes does,
+// leaves fewer snapshots read in vain than it took.
 func (r Reader) Snapshots(ctx context.Context, runID string, ids []string, yield func(*snapcoordv1.Snapshot) bool) error {
 	return r.Viewer.View(ctx, func(tx KV) error {
-		for _, id := range ids {
+		rest := ids
+		for n := 1; len(rest) > 0; n = min(2*n, maxSnapshotChunk) {
 			if err := ctx.Err(); err != nil {
 				return err
 			}
-			s, err := readSnapshot(ctx, tx, runID, id)
+			chunk := rest[:min(n, len(rest))]
+			rest = rest[len(chunk):]
+			snaps, err := readSnapshots(ctx, tx, runID, chunk)
 			if err != nil {
 				return err
 			}
-			if !yield(s) {
-				return nil
+			for i, s := range snaps {
+				if s == nil {
+					return fmt.Errorf("store: run %q: snapshot %q is not stored", runID, chunk[i])
+				}
+				if !yield(s) {
+					return nil
+				}
 			}
 		}
 		return nil
 	})
 }
+
+// maxSnapshotChunk bounds what Snapshots holds at once beyond what it
+// yielded.
+const maxSnapshotChunk = 1024
 
 // SnapshotReport reads one worker's stored report on a snapshot; nil if
 // there is none.
@@ -275,29 +302,43 @@ func (r Reader) SnapshotReport(runID, snapshotID, workerID string) (*snapcoordv1
 	return rep, err
 }
 
-func readSnapshot(ctx context.Context, tx KV, runID, id string) (*snapcoordv1.Snapshot, error) {
-	k := nameKey(runID, id)
-	v, err := tx.Get(ctx, idSnapshots, k)
+// readSnapshots reads the snapshots with the given ids and their reports;
+// nil for one not stored.
+func readSnapshots(ctx context.Context, tx KV, runID string, ids []string) ([]*snapcoordv1.Snapshot, error) {
+	keys := make([][]byte, len(ids))
+	for i, id := range ids {
+		keys[i] = nameKey(runID, id)
+	}
+	vals, err := tx.GetAll(ctx, idSnapshots, keys)
 	if err != nil {
 		return nil, err
 	}
-	if v == nil {
-		return nil, fmt.Errorf("store: run %q: snapshot %q is not stored", runID, id)
+	snaps := make([]*snapcoordv1.Snapshot, len(ids))
+	var stored []*snapcoordv1.Snapshot // those with reports to read
+	var prefixes [][]byte
+	for i, v := range vals {
+		if v == nil {
+			continue
+		}
+		snaps[i] = &snapcoordv1.Snapshot{}
+		if err := proto.Unmarshal(v, snaps[i]); err != nil {
+			return nil, fmt.Errorf("store: bucket %s key %q: %w", idSnapshots, keys[i], err)
+		}
+		stored = append(stored, snaps[i])
+		prefixes = append(prefixes, reportKey(runID, ids[i], ""))
 	}
-	s := &snapcoordv1.Snapshot{}
-	if err := proto.Unmarshal(v, s); err != nil {
-		return nil, fmt.Errorf("store: bucket %s key %q: %w", idSnapshots, k, err)
-	}
-	err = each(ctx, tx, idReports, reportKey(runID, id, ""), func(k, v []byte) error {
+	err = tx.ScanAll(ctx, idReports, prefixes, func(i int, k, v []byte) error {
 		rep, err := unmarshalReport(k, v)
-		s.Reports = append(s.Reports, rep)
+		stored[i].Reports = append(stored[i].Reports, rep)
 		return err
 	})
 	if err != nil {
 		return nil, err
 	}
-	sortReports(s.Reports)
-	return s, nil
+	for _, s := range stored {
+		sortReports(s.Reports)
+	}
+	return snaps, nil
 }
 
 // loadRuns reads the runs bucket; a scan is in key order, which is run id

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -40,13 +41,17 @@ func (b *bench) etcd(ctx context.Context) error {
 		return []string{"--store", "etcd", "--etcd-endpoints", strings.Join(cluster.Endpoints(), ","), "--etcd-prefix", "/snapbench/" + name}
 	}
 	w := b.window()
+	fence, err := floorFence(ctx, cli)
+	if err != nil {
+		return err
+	}
 
 	res, _, d, err := b.stepLoop(ctx, "etcd-steps", flags("steps")...)
 	if err != nil {
 		return err
 	}
 	size := decisionSize(d)
-	floor, err := etcdFloor(ctx, cli, "/floor/steps/", b.cfg.stepRuns, size, w)
+	floor, err := etcdFloor(ctx, cli, fence, "/floor/steps/", b.cfg.stepRuns, size, w)
 	if err != nil {
 		return err
 	}
@@ -66,7 +71,7 @@ func (b *bench) etcd(ctx context.Context) error {
 			return err
 		}
 		size := stepRecordSize(n)
-		floor, err := etcdFloor(ctx, cli, "/floor/"+name+"/", n, size, w)
+		floor, err := etcdFloor(ctx, cli, fence, "/floor/"+name+"/", n, size, w)
 		if err != nil {
 			return err
 		}
@@ -88,18 +93,33 @@ func decisionSize(d *v1.Decision) int {
 	return proto.Size(rec) + proto.Size(ev) + 2*(len("/snapbench/steps/")+len("steps-0")+8)
 }
 
+// floorFence stands for a leader's election key: the floor's transactions
+// are conditioned on it as the coordinator's commits are on theirs.
+func floorFence(ctx context.Context, cli *clientv3.Client) (clientv3.Cmp, error) {
+	const key = "/floor/leader"
+	resp, err := cli.Put(ctx, key, "floor")
+	if err != nil {
+		return clientv3.Cmp{}, err
+	}
+	return clientv3.Compare(clientv3.CreateRevision(key), "=", resp.Header.Revision), nil
+}
+
 // etcdFloor has writers goroutines each commit one etcd transaction of a
-// put of size bytes under a new key, back to back, for the window: what a
-// durable write costs on the cluster without the coordinator. Concurrent
-// transactions share raft proposals and fsyncs inside etcd, as the
-// coordinator's group commits do.
-func etcdFloor(ctx context.Context, cli *clientv3.Client, prefix string, writers, size int, w window) (loopResult, error) {
+// put of size bytes under a new key, fenced like the coordinator's, back to
+// back, for the window: what a durable write costs on the cluster without
+// the coordinator. Concurrent transactions share raft proposals and fsyncs
+// inside etcd; the coordinator's group commit goes further and puts every
+// waiting write in one transaction.
+func etcdFloor(ctx context.Context, cli *clientv3.Client, fence clientv3.Cmp, prefix string, writers, size int, w window) (loopResult, error) {
 	val := string(make([]byte, size))
 	return closedLoop(ctx, writers, w, nil, func(ctx context.Context, i int, k int64) error {
 		var key [12]byte
 		binary.BigEndian.PutUint32(key[:4], uint32(i))
 		binary.BigEndian.PutUint64(key[4:], uint64(k))
-		_, err := cli.Txn(ctx).Then(clientv3.OpPut(prefix+string(key[:]), val)).Commit()
+		resp, err := cli.Txn(ctx).If(fence).Then(clientv3.OpPut(prefix+string(key[:]), val)).Commit()
+		if err == nil && !resp.Succeeded {
+			err = errors.New("the floor's fence was refused")
+		}
 		return err
 	})
 }

@@ -132,8 +132,8 @@ func haLoop(ctx context.Context, cfg config, out io.Writer) (bool, error) {
 	}
 	defer cleanup()
 	rng := rand.New(rand.NewPCG(cfg.seed, cfg.seed^0x9e3779b97f4a7c15))
-	fmt.Fprintf(out, "snapcrash --ha: %d cycles, 3 etcd members, %d coordinators (election TTL %s), %d runs × (%d ranks + %d environment workers), leader killed after %s..%s (paused past its TTL every %drd cycle), seed %d\n",
-		cfg.cycles, cfg.coordinators, cfg.electionTTL, cfg.runs, cfg.ranks, cfg.envs, cfg.minUp, cfg.maxUp, pauseEvery, cfg.seed)
+	fmt.Fprintf(out, "snapcrash --ha: %d cycles, 3 etcd members, %d coordinators (election TTL %s), %d runs × (%d ranks + %d environment workers) stepping every %s, leader killed after %s..%s (paused past its TTL every %drd cycle), seed %d\n",
+		cfg.cycles, cfg.coordinators, cfg.electionTTL, cfg.runs, cfg.ranks, cfg.envs, cfg.stepEvery, cfg.minUp, cfg.maxUp, pauseEvery, cfg.seed)
 
 	etcd, err := etcdtest.Launch(ctx, filepath.Join(tmp, "etcd"), 3)
 	if err != nil {

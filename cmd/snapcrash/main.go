@@ -64,6 +64,7 @@ type config struct {
 	seed          uint64
 	resumeTimeout time.Duration
 	injectLoss    bool
+	stepEvery     time.Duration
 	// The HA loop (--ha, ha.go).
 	ha           bool
 	coordinators int
@@ -85,6 +86,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.DurationVar(&c.maxUp, "max-up", 1500*time.Millisecond, "longest time the coordinator serves before it is killed")
 	fs.Uint64Var(&c.seed, "seed", 0, "seed for the kill moments (0: from the clock; printed, to repeat a run)")
 	fs.DurationVar(&c.resumeTimeout, "resume-timeout", time.Minute, "how long every writer has to make progress after a restart")
+	fs.DurationVar(&c.stepEvery, "step-every", 0, "pace the trainer ranks: a step at most this often (0: back to back). Every cycle verifies every write so far while the writers go on: unpaced, on a store slower to read back than to write (etcd), the writes between cycles, and each verification, grow several-fold a cycle")
 	fs.BoolVar(&c.injectLoss, "inject-loss", false, "self-test: after the first kill, delete one acknowledged snapshot report from the data file; the loop must then report it lost and fail")
 	fs.BoolVar(&c.ha, "ha", false, "the HA loop: a 3-member etcd cluster on loopback, --coordinators coordinators on one prefix; kill the leader (pause it past its election TTL every third cycle) instead of the one bbolt coordinator")
 	fs.IntVar(&c.coordinators, "coordinators", 3, "with --ha: coordinators sharing the etcd prefix")
@@ -97,6 +99,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		return c, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	case c.cycles < 1 || c.runs < 1 || c.ranks < 1 || c.envs < 1:
 		return c, errors.New("--cycles, --runs, --ranks and --envs must be positive")
+	case c.stepEvery < 0:
+		return c, errors.New("--step-every must not be negative")
 	case c.minUp <= 0 || c.maxUp < c.minUp:
 		return c, errors.New("--min-up must be positive and --max-up at least --min-up")
 	case c.ha && (c.coordinators < 2 || c.electionTTL < time.Second):
@@ -263,6 +267,7 @@ func startFleet(ctx context.Context, addr string, cfg config) (*fleet, error) {
 			f.close()
 			return nil, err
 		}
+		r.stepEvery = cfg.stepEvery
 		f.runs = append(f.runs, r)
 		r.start(writeCtx)
 	}

@@ -59,6 +59,9 @@ type runWriters struct {
 	envs     []*client.Worker
 	wg       sync.WaitGroup
 	fatal    chan error // writer errors that retrying cannot fix
+	// stepEvery paces the trainers: a step begins at most this often
+	// (0: as soon as the previous one is saved).
+	stepEvery time.Duration
 }
 
 func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
@@ -153,7 +156,16 @@ func (r *runWriters) fail(err error) {
 // checkpoint. A write that fails for a retryable reason is repeated until
 // acknowledged; a step is begun only when the previous one is finished.
 func (r *runWriters) train(ctx context.Context) {
+	pace := time.NewTicker(max(r.stepEvery, time.Nanosecond))
+	defer pace.Stop()
 	for step := int64(1); ctx.Err() == nil; step++ {
+		if r.stepEvery > 0 && step > 1 {
+			select {
+			case <-pace.C:
+			case <-ctx.Done():
+				return
+			}
+		}
 		// A step is finished even if ctx ends meanwhile, so that no step is
 		// left half-saved; the writes still have a bound.
 		stepCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)

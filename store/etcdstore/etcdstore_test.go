@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -15,6 +16,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 	"go.uber.org/goleak"
+	"google.golang.org/protobuf/proto"
 
 	storagev1 "github.com/snapcoord/snapcoord/api/snapcoord/storage/v1"
 	snapcoordv1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
@@ -309,10 +311,12 @@ func TestMemberKilledUnderLoad(t *testing.T) {
 
 // The same batches, grouped at random, leave etcd in the state they leave
 // bbolt in: the folding of a group into one txn keeps the order of puts,
-// put-if-absent and deletes across and within batches.
+// put-if-absent and deletes across and within batches. And the reads of
+// many records (Snapshots, Events) return on etcd, in pages of two keys,
+// what they return on bbolt.
 func TestSameStateAsBbolt(t *testing.T) {
 	cli := sharedClient(t)
-	ec := open(t, cli, prefixOf(t), etcdstore.Fence{}, etcdstore.Options{})
+	ec := open(t, cli, prefixOf(t), etcdstore.Fence{}, etcdstore.Options{PageSize: 2})
 	bb, err := store.Open(filepath.Join(t.TempDir(), "snapcoord.db"), store.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -320,7 +324,7 @@ func TestSameStateAsBbolt(t *testing.T) {
 	t.Cleanup(func() { _ = bb.Close() })
 
 	rng := rand.New(rand.NewPCG(18, 2026))
-	compared := 0
+	compared, read := 0, 0
 	for round := range 40 {
 		var pendings []*store.Pending
 		for range 1 + rng.IntN(12) {
@@ -339,11 +343,108 @@ func TestSameStateAsBbolt(t *testing.T) {
 			}
 		}
 		compared += assertSameRecords(t, round, dump(t, bb), dump(t, ec))
+		read += assertSameReads(t, round, bb, ec)
 	}
-	if compared < 100 {
-		t.Fatalf("only %d records compared over all rounds", compared)
+	if compared < 100 || read < 1000 {
+		t.Fatalf("only %d records compared and %d read over all rounds", compared, read)
 	}
-	t.Logf("%d records compared", compared)
+	t.Logf("%d records compared, %d read", compared, read)
+}
+
+// Snapshots of more records than a txn holds reads them over several
+// txns on etcd, and returns what bbolt returns.
+func TestSnapshotsAcrossTxnsAsBbolt(t *testing.T) {
+	cli := sharedClient(t)
+	ec := open(t, cli, prefixOf(t), etcdstore.Fence{}, etcdstore.Options{MaxTxnOps: 8, PageSize: 3})
+	bb, err := store.Open(filepath.Join(t.TempDir(), "snapcoord.db"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = bb.Close() })
+	var ids []string
+	for _, s := range []store.Store{bb, ec} {
+		commit(t, s, runBatch("r"))
+	}
+	for i := range 60 {
+		id := fmt.Sprint("snap-", i+1)
+		ids = append(ids, id)
+		for _, s := range []store.Store{bb, ec} {
+			b := &store.Batch{}
+			b.PutSnapshot("r", &snapcoordv1.Snapshot{SnapshotId: id, AnchorStep: int64(i)})
+			for w := range i % 6 { // up to 5 reports, within 8 operations
+				b.PutSnapshotReport("r", id, &snapcoordv1.SnapshotReport{WorkerId: fmt.Sprint("w", w), Message: id})
+			}
+			commit(t, s, b)
+		}
+	}
+	rand.New(rand.NewPCG(1, 2)).Shuffle(len(ids), func(i, j int) { ids[i], ids[j] = ids[j], ids[i] })
+	for _, ask := range [][]string{ids, append(ids[:50:50], "snap-0")} {
+		want, wantErr := readSnapshots(t, bb, "r", ask, len(ask))
+		got, gotErr := readSnapshots(t, ec, "r", ask, len(ask))
+		if n := assertSameMessages(t, fmt.Sprint(len(ask), " snapshots"), want, got, wantErr, gotErr); n < 150 {
+			t.Errorf("%d records read, want at least 150", n)
+		}
+	}
+}
+
+// sameReadIDs are the snapshot ids asked of Snapshots: randomOps' and one
+// never stored, in orders other than the stored one, repeated.
+var sameReadIDs = [][]string{
+	{"s1"}, {"s2"}, {"s3"}, {"s4"},
+	{"s1", "s2", "s3"}, {"s3", "s1", "s2", "s1"}, {"s2", "s4", "s1"},
+}
+
+// assertSameReads compares Snapshots and Events of both stores, with
+// their errors; it returns how many records they read.
+func assertSameReads(t *testing.T, round int, bb, ec store.Store) int {
+	t.Helper()
+	read := 0
+	for _, run := range []string{"a", "a.b", "none"} {
+		for _, ids := range sameReadIDs {
+			for _, stopAfter := range []int{1, len(ids)} {
+				want, wantErr := readSnapshots(t, bb, run, ids, stopAfter)
+				got, gotErr := readSnapshots(t, ec, run, ids, stopAfter)
+				what := fmt.Sprintf("round %d: Snapshots(%q, %q) stopped after %d", round, run, ids, stopAfter)
+				read += assertSameMessages(t, what, want, got, wantErr, gotErr)
+			}
+		}
+		for after := range int64(7) {
+			for _, limit := range []int{1, 3, 100} {
+				want, wantErr := bb.Events(run, after, 5, limit)
+				got, gotErr := ec.Events(run, after, 5, limit)
+				what := fmt.Sprintf("round %d: Events(%q, %d, 5, %d)", round, run, after, limit)
+				read += assertSameMessages(t, what, want, got, wantErr, gotErr)
+			}
+		}
+	}
+	return read
+}
+
+// readSnapshots is what Snapshots yields when the caller stops after n.
+func readSnapshots(t *testing.T, s store.Store, run string, ids []string, n int) ([]*snapcoordv1.Snapshot, error) {
+	var out []*snapcoordv1.Snapshot
+	err := s.Snapshots(testCtx(t), run, ids, func(s *snapcoordv1.Snapshot) bool {
+		out = append(out, s)
+		return len(out) < n
+	})
+	return out, err
+}
+
+func assertSameMessages[M proto.Message](t *testing.T, what string, want, got []M, wantErr, gotErr error) int {
+	t.Helper()
+	if fmt.Sprint(wantErr) != fmt.Sprint(gotErr) {
+		t.Errorf("%s: bbolt error %v, etcd error %v", what, wantErr, gotErr)
+	}
+	if !slices.EqualFunc(want, got, func(a, b M) bool { return proto.Equal(a, b) }) {
+		t.Errorf("%s:\nbbolt %v\netcd  %v", what, want, got)
+	}
+	n := len(want)
+	for _, m := range want {
+		if s, ok := any(m).(*snapcoordv1.Snapshot); ok {
+			n += len(s.Reports)
+		}
+	}
+	return n
 }
 
 func assertSameRecords(t *testing.T, round int, want, got map[string]string) int {
@@ -367,7 +468,7 @@ func dump(t *testing.T, s store.Viewer) map[string]string {
 	out := map[string]string{}
 	err := s.View(testCtx(t), func(kv store.KV) error {
 		for _, b := range store.Buckets() {
-			err := kv.Scan(testCtx(t), b, nil, nil, func(k, v []byte) (bool, error) {
+			err := kv.Scan(testCtx(t), b, nil, nil, 0, func(k, v []byte) (bool, error) {
 				out[b.String()+"/"+string(k)] = string(v)
 				return true, nil
 			})
@@ -405,9 +506,10 @@ func randomOps(rng *rand.Rand) []func(*store.Batch) {
 				b.PutWorker(run, &snapcoordv1.Worker{WorkerId: fmt.Sprint("w", n), Incarnation: v})
 			})
 		case 5, 11:
+			snap := fmt.Sprint("s", 1+v%3)
 			ops = append(ops, func(b *store.Batch) {
-				b.PutSnapshot(run, &snapcoordv1.Snapshot{SnapshotId: "s"})
-				b.PutSnapshotReport(run, "s", &snapcoordv1.SnapshotReport{WorkerId: fmt.Sprint("w", n), Message: fmt.Sprint(v)})
+				b.PutSnapshot(run, &snapcoordv1.Snapshot{SnapshotId: snap, AnchorStep: v})
+				b.PutSnapshotReport(run, snap, &snapcoordv1.SnapshotReport{WorkerId: fmt.Sprint("w", n), Message: fmt.Sprint(v)})
 			})
 		case 6:
 			ops = append(ops, func(b *store.Batch) { b.DeleteRun(run) })

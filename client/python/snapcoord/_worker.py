@@ -102,7 +102,10 @@ class _Worker:
             self._register(0, self._c.workers, self._c.timeout)
         except grpc.RpcError as err:
             raise errors.from_rpc_error(err) from None
+        self._replay = replay
         self._last_seq = 0 if replay else self._reg.resume_after_seq
+        # A hash of each command delivered, by seq: what a resync skips (see _resync).
+        self._delivered: dict[int, int] = {}
         self._threads = [
             threading.Thread(target=self._receive, name=f"snapcoord-commands-{name}", daemon=True),
             threading.Thread(target=self._heartbeats, name=f"snapcoord-heartbeat-{name}", daemon=True),
@@ -345,6 +348,9 @@ class _Worker:
         code = err.code()
         if code in _CODES_TO_RESUME:
             return None  # the coordinator restarts, drains or is busy: resume
+        if code == grpc.StatusCode.OUT_OF_RANGE:
+            self._resync(err)
+            return None
         if code == grpc.StatusCode.FAILED_PRECONDITION:
             if errors.is_superseded(err):
                 # Another process took the name (then the worker stops), or
@@ -416,17 +422,49 @@ class _Worker:
             return False, False, _NoStop()  # polls of a terminal run return at once: must not spin
         return False, True, None
 
+    def _resync(self, err: grpc.RpcError) -> None:
+        """Moves the resume point back after the coordinator said it lies past
+        the end of the command log (OUT_OF_RANGE): its state was restored from
+        a backup or replaced, and waiting for the log to catch up would skip
+        every command issued meanwhile, a SaveAtDeadline among them. The log
+        is read again from where a new process would start: from 0 with
+        replay, else from the resume point of a registration (the end of the
+        log, or the command still waiting for this worker); from 0 it would
+        hand over every old command of the run. A command delivered before is
+        not delivered again: the same bytes at the same seq (issued_at
+        included) are the restored copy of one already handled, while the
+        commands issued since the restore reuse the seqs of lost ones and
+        differ. If registering fails, the next fetch meets OUT_OF_RANGE again.
+        As the Go client's resync."""
+        self.log.warning(
+            "the coordinator's command log ends before this worker's resume point %d (its state was restored or replaced): reading it again (%s)",
+            self.last_seq,
+            err.details(),
+        )
+        start = 0
+        if not self._replay:
+            if self._reregister("command log behind the resume point") is not None:
+                return
+            with self._lock:
+                start = self._reg.resume_after_seq
+        with self._lock:
+            self._last_seq = start
+
     def _deliver(self, proto: worker_pb2.Command) -> bool:
-        """Hands one command to the process (or the handler) and advances the
-        resume point. Reports whether it was the Stop."""
+        """Hands one command to the process (or the handler), unless it did
+        before a resync, and advances the resume point. Reports whether it
+        was the Stop."""
         if proto.seq <= self.last_seq:
             return False  # already delivered before a reconnect
+        digest = hash(proto.SerializeToString(deterministic=True))
         cmd = Command.from_proto(proto)
-        if cmd.kind == CommandKind.STOP:
-            with self._lock:
-                self._stop_reason = cmd.stop_reason
-        if self._handler is None or not self._handler(cmd):
-            self._queue.put(cmd)
+        if self._delivered.get(proto.seq) != digest:
+            if cmd.kind == CommandKind.STOP:
+                with self._lock:
+                    self._stop_reason = cmd.stop_reason
+            if self._handler is None or not self._handler(cmd):
+                self._queue.put(cmd)
+            self._delivered[proto.seq] = digest
         with self._lock:
             self._last_seq = proto.seq
         return cmd.kind == CommandKind.STOP

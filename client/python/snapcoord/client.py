@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import collections
 import ipaddress
+import json
 import os
 import re
+import socket
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence, Union
 
 import grpc
 
@@ -22,6 +24,18 @@ if TYPE_CHECKING:  # imported where used: they import this module
 
 DEFAULT_ADDR = "127.0.0.1:7070"
 _WORKER_PREFIX = "/snapcoord.v1.WorkerService/"
+
+# With several addresses, gRPC sends every call to a coordinator whose health
+# reports this service SERVING: the leader (the followers of an etcd-backed
+# group report NOT_SERVING), or any coordinator on bbolt. While none does
+# (an election), calls fail at once with UNAVAILABLE and are retried; a
+# worker's own calls wait instead (_WaitForReady).
+_FOLLOW_LEADER_CONFIG = json.dumps(
+    {
+        "loadBalancingConfig": [{"round_robin": {}}],
+        "healthCheckConfig": {"serviceName": "snapcoord.v1.WorkerService"},
+    }
+)
 
 # Reconnect within about a second of a coordinator restart (gRPC's default
 # waits up to two minutes), so that a worker hears a command issued then in
@@ -90,23 +104,27 @@ class _Bearer(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientIntercepto
 
 
 class _Retry(grpc.UnaryUnaryClientInterceptor):
-    """Retries the methods in RETRIED_METHODS on UNAVAILABLE (see RetryPolicy).
+    """Retries the methods in RETRIED_METHODS on UNAVAILABLE (see RetryPolicy),
+    and every method refused with NOT_LEADER: a follower did nothing with the
+    call, so repeating it (to the leader, once health says which) is safe.
 
     A call's timeout bounds all its attempts together, as a Go context does.
     """
 
-    def __init__(self, policy: RetryPolicy) -> None:
+    def __init__(self, policy: RetryPolicy, follow: Optional[grpc.Channel] = None) -> None:
         self._policy = policy
+        self._follow = follow  # the channel over several addresses, if it is one
 
     def intercept_unary_unary(self, continuation, details, request):  # type: ignore[override]
-        if self._policy.max_attempts <= 1 or details.method not in RETRIED_METHODS:
+        if self._policy.max_attempts <= 1:
             return continuation(details, request)
+        safe = details.method in RETRIED_METHODS
         deadline = None if details.timeout is None else time.monotonic() + details.timeout
         attempt = 0
         while True:
             attempt += 1
             call = continuation(details, request)
-            if call.code() != grpc.StatusCode.UNAVAILABLE or attempt >= self._policy.max_attempts:
+            if not _retryable(call, safe) or attempt >= self._policy.max_attempts:
                 return call
             wait = self._policy.backoff(attempt)
             if deadline is not None:
@@ -114,7 +132,46 @@ class _Retry(grpc.UnaryUnaryClientInterceptor):
                 if left <= wait:
                     return call
                 details = _with(details, timeout=left - wait)
+            self._pause(wait)
+
+    def _pause(self, wait: float) -> None:
+        if self._follow is None:
             time.sleep(wait)
+            return
+        # Wait while the channel tries to connect (see _WaitForReady).
+        ready = grpc.channel_ready_future(self._follow)
+        end = time.monotonic() + wait
+        try:
+            ready.result(timeout=wait)
+        except grpc.FutureTimeoutError:
+            pass
+        finally:
+            ready.cancel()
+        time.sleep(max(0.0, end - time.monotonic()))
+
+
+class _WaitForReady(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
+    """With several addresses, a worker's own calls (heartbeats, polls, the
+    command stream, re-registration) wait within their timeouts for a
+    coordinator to serve, rather than fail at once during an election.
+
+    The wait is also what makes the channel reconnect promptly: in grpcio's C
+    core (1.51), a balancer's reconnection timers fire only while something
+    polls the channel, or else every 5 s (the backup poller); a call that
+    fails at once polls nothing, and a worker would take up to 10 s to see
+    a restarted coordinator again."""
+
+    def intercept_unary_unary(self, continuation, details, request):  # type: ignore[override]
+        return continuation(_with(details, wait_for_ready=True), request)
+
+    def intercept_unary_stream(self, continuation, details, request):  # type: ignore[override]
+        return continuation(_with(details, wait_for_ready=True), request)
+
+
+def _retryable(call: Any, safe: bool) -> bool:
+    if call.code() != grpc.StatusCode.UNAVAILABLE:
+        return False
+    return safe or errors.error_reason(call) == errors.REASON_NOT_LEADER
 
 
 class Client:
@@ -127,6 +184,8 @@ class Client:
     ``SnapcoordError`` subclasses. Thread-safe; close it when done (or use it
     as a context manager). Workers started from one Client share its
     connection, which is what a process hosting many should do.
+    ``follow_leader``: the channel balances over several coordinators
+    (connect() sets it).
     """
 
     def __init__(
@@ -138,11 +197,12 @@ class Client:
         run_id: str = "",
         timeout: Optional[float] = None,
         retry: RetryPolicy = DEFAULT_RETRY,
+        follow_leader: bool = False,
     ) -> None:
         self._channel = channel
         bearer = _Bearer(admin_token, run_token)
-        retried = grpc.intercept_channel(channel, bearer, _Retry(retry))
-        once = grpc.intercept_channel(channel, bearer)
+        retried = grpc.intercept_channel(channel, bearer, _Retry(retry, channel if follow_leader else None))
+        once = grpc.intercept_channel(channel, bearer, *([_WaitForReady()] if follow_leader else []))
         self.runs = run_service_pb2_grpc.RunServiceStub(retried)
         self.workers = worker_service_pb2_grpc.WorkerServiceStub(retried)
         # For a worker's periodic calls (heartbeats, polls, re-registration):
@@ -226,7 +286,7 @@ class Client:
 
 
 def connect(
-    addr: Optional[str] = None,
+    addr: Union[None, str, Sequence[str]] = None,
     *,
     token: Optional[str] = None,
     run_token: Optional[str] = None,
@@ -245,6 +305,7 @@ def connect(
 
     ============================  =================================================
     ``addr``                      ``SNAPCOORD_ADDR`` (default ``127.0.0.1:7070``)
+                                  or several: ``a:7070,b:7070`` (or a list)
     ``token`` (admin, RunService) ``SNAPCOORD_TOKEN`` or ``SNAPCOORD_TOKEN_FILE``
     ``run_token`` (WorkerService) ``SNAPCOORD_RUN_TOKEN`` or ``SNAPCOORD_RUN_TOKEN_FILE``
     ``run_id``                    ``SNAPCOORD_RUN_ID``
@@ -261,9 +322,17 @@ def connect(
     tokens then travel in the clear. ``timeout`` bounds
     each call together with its retries (None: no bound). ``options`` are
     extra gRPC channel options.
+
+    Several addresses are the coordinators of one etcd-backed group: calls
+    go to the one whose health reports SERVING (the leader), and follow it
+    when another takes over; workers resume after their last command, as
+    across a restart. Their names are resolved here, once (so an unknown
+    name fails connect). Over TLS, every coordinator's certificate must
+    carry one name: the server name if given, else the one host of all the
+    addresses.
     """
     env = os.environ if env is None else env
-    addr = addr or env.get("SNAPCOORD_ADDR") or DEFAULT_ADDR
+    addrs = split_addrs(addr or env.get("SNAPCOORD_ADDR") or DEFAULT_ADDR)
     admin = token if token is not None else _token_from_env(env, "SNAPCOORD_TOKEN")
     run = run_token if run_token is not None else _token_from_env(env, "SNAPCOORD_RUN_TOKEN")
     for tok in (admin, run):
@@ -281,19 +350,90 @@ def connect(
         # Told neither way, as snapctl: plaintext to a loopback address
         # (where `snapcoord serve` listens by default) unless TLS files are
         # given, TLS to any other address.
-        plaintext = tls == TLS() and is_loopback(addr)
+        plaintext = tls == TLS() and all(is_loopback(a) for a in addrs)
     if timeout is None and env.get("SNAPCOORD_TIMEOUT"):
         timeout = parse_duration("SNAPCOORD_TIMEOUT", env["SNAPCOORD_TIMEOUT"])
-    opts = list(_CHANNEL_OPTIONS) + list(options)
+    opts = list(_CHANNEL_OPTIONS)
+    target = addrs[0]
+    if len(addrs) > 1:
+        target = leader_target(addrs)
+        opts.append(("grpc.service_config", _FOLLOW_LEADER_CONFIG))
+    opts += options
     if plaintext:
         if tls != TLS():
             raise ValueError("snapcoord: plaintext excludes TLS files and server name (SNAPCOORD_PLAINTEXT and SNAPCOORD_CA_FILE, ...)")
-        channel = grpc.insecure_channel(addr, options=opts)
+        channel = grpc.insecure_channel(target, options=opts)
     else:
-        if tls.server_name:
-            opts.append(("grpc.ssl_target_name_override", tls.server_name))
-        channel = grpc.secure_channel(addr, _credentials(tls), options=opts)
-    return Client(channel, admin_token=admin, run_token=run, run_id=run_id or env.get("SNAPCOORD_RUN_ID", ""), timeout=timeout, retry=retry)
+        name = tls.server_name or (_common_host(addrs) if len(addrs) > 1 else None)
+        if name:
+            opts.append(("grpc.ssl_target_name_override", name))
+        channel = grpc.secure_channel(target, _credentials(tls), options=opts)
+    return Client(
+        channel,
+        admin_token=admin,
+        run_token=run,
+        run_id=run_id or env.get("SNAPCOORD_RUN_ID", ""),
+        timeout=timeout,
+        retry=retry,
+        follow_leader=len(addrs) > 1,
+    )
+
+
+def split_addrs(addr: Union[str, Sequence[str]]) -> list[str]:
+    """The addresses in ``addr``: one, a comma-separated list, or a sequence
+    of either."""
+    if isinstance(addr, str) and "," not in addr:
+        return [addr]  # as ever: handed to gRPC untouched
+    parts = [addr] if isinstance(addr, str) else list(addr)
+    addrs = [a.strip() for part in parts for a in part.split(",")]
+    if not addrs or not all(addrs):
+        raise ValueError(f"snapcoord: address list {addr!r} has an empty entry")
+    return addrs
+
+
+def leader_target(addrs: Sequence[str]) -> str:
+    """One gRPC target for several "host:port" addresses: ``ipv4:`` or
+    ``ipv6:`` and every address of each (names resolved now), since gRPC
+    balances only over a list of IP addresses. IPv4 if every entry has one,
+    else IPv6 if every entry has one."""
+    resolved = [_resolve(a) for a in addrs]
+    for family, scheme in ((socket.AF_INET, "ipv4"), (socket.AF_INET6, "ipv6")):
+        if all(any(f == family for f, _ in r) for r in resolved):
+            return scheme + ":" + ",".join(a for r in resolved for f, a in r if f == family)
+    raise ValueError(f"snapcoord: addresses {','.join(addrs)} share no address family (IPv4 or IPv6)")
+
+
+def _split_host_port(addr: str) -> tuple[str, str]:
+    host, sep, port = addr.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"snapcoord: address {addr!r}: want host:port")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host, port
+
+
+def _resolve(addr: str) -> list[tuple[socket.AddressFamily, str]]:
+    host, port = _split_host_port(addr)
+    try:
+        infos = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
+    except socket.gaierror as err:
+        raise ValueError(f"snapcoord: address {addr!r}: {err.strerror}") from None
+    out: list[tuple[socket.AddressFamily, str]] = []
+    for family, _, _, _, sockaddr in infos:
+        ip = str(sockaddr[0])
+        entry = (family, f"[{ip}]:{port}" if family == socket.AF_INET6 else f"{ip}:{port}")
+        if family in (socket.AF_INET, socket.AF_INET6) and entry not in out:
+            out.append(entry)
+    return out
+
+
+def _common_host(addrs: Sequence[str]) -> str:
+    hosts = {_split_host_port(a)[0] for a in addrs}
+    if len(hosts) != 1:
+        raise ValueError(
+            "snapcoord: several TLS addresses on different hosts need a server name (SNAPCOORD_SERVER_NAME) that every coordinator's certificate carries"
+        )
+    return hosts.pop()
 
 
 def is_loopback(addr: str) -> bool:

@@ -5,7 +5,7 @@
 | NotFoundError        | NOT_FOUND                                   | 3            |
 | ConflictError        | ALREADY_EXISTS, FAILED_PRECONDITION, ABORTED | 4            |
 | SupersededError      | FAILED_PRECONDITION, reason WORKER_SUPERSEDED | 4          |
-| UnavailableError     | UNAVAILABLE, DEADLINE_EXCEEDED              | 5            |
+| UnavailableError     | UNAVAILABLE (reason NOT_LEADER from a follower), DEADLINE_EXCEEDED | 5 |
 | AuthError            | UNAUTHENTICATED, PERMISSION_DENIED          | 6            |
 | InvalidInputError    | INVALID_ARGUMENT, OUT_OF_RANGE              | 7            |
 | LimitError           | RESOURCE_EXHAUSTED                          | 8            |
@@ -29,9 +29,12 @@ except ImportError:  # Debian bookworm's 4.21
 
     _message_class = _Factory().GetPrototype
 
-# The coordinator's ErrorInfo domain and the reason of a superseded worker.
+# The coordinator's ErrorInfo domain, the reason of a superseded worker, and
+# that of a follower coordinator (UNAVAILABLE: it serves no call; the leader,
+# if it knows one, is named in the message).
 ERROR_DOMAIN = "snapcoord.v1"
 REASON_SUPERSEDED = "WORKER_SUPERSEDED"
+REASON_NOT_LEADER = "NOT_LEADER"
 
 
 class SnapcoordError(Exception):
@@ -66,7 +69,8 @@ class SupersededError(ConflictError):
 
 
 class UnavailableError(SnapcoordError):
-    """The coordinator is unreachable, shutting down, or did not answer in time."""
+    """The coordinator is unreachable, shutting down, not the leader (reason
+    NOT_LEADER), or did not answer in time."""
 
 
 class AuthError(SnapcoordError):

@@ -97,7 +97,16 @@ func (c *Coordinator) startElection(self string) {
 	}()
 	c.defer_(func() {
 		cancel()
-		<-done
+		select {
+		case <-done:
+		case <-time.After(c.cfg.ElectionTTL):
+			// A campaign cut short resigns with the client's own context
+			// (concurrency.Election.Campaign), and a term's end may wait
+			// on etcd too: with etcd unreachable only closing the client
+			// ends them. (Its own release, later, closes it again.)
+			_ = c.etcd.Close()
+			<-done
+		}
 	})
 }
 

@@ -26,6 +26,10 @@ import (
 	"github.com/snapcoord/snapcoord/internal/testpki"
 )
 
+// testTTL is the election TTL of these tests: failovers take seconds, and
+// a leader on a loaded machine keeps its lease (renewed every third of it).
+const testTTL = 3 * time.Second
+
 // etcdConfig is coordtest's configuration on the etcd store at endpoints,
 // with the status page on a free loopback port.
 func etcdConfig(t *testing.T, endpoints []string) coordinator.Config {
@@ -33,7 +37,7 @@ func etcdConfig(t *testing.T, endpoints []string) coordinator.Config {
 	cfg.Store = coordinator.StoreEtcd
 	cfg.Etcd.Endpoints = endpoints
 	cfg.Etcd.Prefix = "/coordinator-test"
-	cfg.ElectionTTL = 2 * time.Second
+	cfg.ElectionTTL = testTTL
 	cfg.MetricsListen = "127.0.0.1:0"
 	return cfg
 }
@@ -97,8 +101,8 @@ func TestEtcdLeaderHandsOverOnShutdown(t *testing.T) {
 	first.Stop()
 	awaitRunService(t, second.Addr(), healthpb.HealthCheckResponse_SERVING)
 	handover := time.Since(stopped)
-	t.Logf("graceful handover: %v (election TTL 2s)", handover.Round(time.Millisecond))
-	if handover >= 2*time.Second {
+	t.Logf("graceful handover: %v (election TTL %v)", handover.Round(time.Millisecond), testTTL)
+	if handover >= testTTL {
 		t.Errorf("handover took %v: the leader did not resign, the follower waited for its lease", handover)
 	}
 	got, err := v1.NewRunServiceClient(dial(t, second.Addr())).GetRun(t.Context(), &v1.GetRunRequest{RunId: "kept"})
@@ -250,7 +254,7 @@ func TestEtcdGoneLeaderStepsDownAndShutdownEnds(t *testing.T) {
 	}
 	gone := time.Now()
 	<-steppedDown
-	t.Logf("leader stepped down %v after etcd was killed (election TTL 2s)", time.Since(gone).Round(time.Millisecond))
+	t.Logf("leader stepped down %v after etcd was killed (election TTL %v)", time.Since(gone).Round(time.Millisecond), testTTL)
 	awaitRunService(t, leader.Addr(), healthpb.HealthCheckResponse_NOT_SERVING)
 
 	for _, in := range []*coordtest.Instance{leader, follower} {

@@ -20,8 +20,8 @@ import (
 
 // haTTL is the coordinators' election TTL in these tests: short, so that
 // a failover takes seconds, and long enough that a loaded CI machine does
-// not depose a healthy leader.
-const haTTL = 2 * time.Second
+// not depose a healthy leader (it renews every third of it).
+const haTTL = 3 * time.Second
 
 const runService = "snapcoord.v1.RunService"
 

@@ -20,6 +20,7 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials"
@@ -276,8 +277,33 @@ func (p *Proc) dial() (*grpc.ClientConn, error) {
 }
 
 // Pause stops the process with SIGSTOP, as a long GC pause, a frozen VM or
-// a partition would: it holds its ports but answers nothing.
-func (p *Proc) Pause() error { return p.cmd.Process.Signal(syscall.SIGSTOP) }
+// a partition would: it holds its ports but answers nothing. It returns
+// once the kernel reports the process stopped: its threads stop one after
+// another, and on a loaded machine one still running could otherwise
+// answer a request sent after Pause returned.
+func (p *Proc) Pause() error {
+	if err := p.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		return err
+	}
+	// WNOWAIT leaves the report (and an exit) to cmd.Wait.
+	var info unix.Siginfo
+	for {
+		err := unix.Waitid(unix.P_PID, p.Pid(), &info, unix.WSTOPPED|unix.WEXITED|unix.WNOWAIT, nil)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("coordproc: wait for the stop: %w", err)
+		}
+		if info.Code != cldStopped {
+			return fmt.Errorf("snapcoord exited instead of stopping\n%s", p.Tail(30))
+		}
+		return nil
+	}
+}
+
+// cldStopped is siginfo's si_code for a stopped child (CLD_STOPPED).
+const cldStopped = 5
 
 // Resume continues it with SIGCONT after Pause.
 func (p *Proc) Resume() error { return p.cmd.Process.Signal(syscall.SIGCONT) }

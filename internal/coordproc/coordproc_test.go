@@ -1,6 +1,7 @@
 package coordproc
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"strings"
@@ -8,7 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
 )
 
 var bin string
@@ -83,5 +86,31 @@ func TestStartWaitsForTheHealthService(t *testing.T) {
 		Args: []string{"--metrics-listen", ""}, HealthService: "no.such.Service", StartTimeout: 3 * time.Second})
 	if err == nil || !strings.Contains(err.Error(), "did not report SERVING") {
 		t.Errorf("Start waiting for an unknown service = %v, want a timeout", err)
+	}
+}
+
+// Paused, the coordinator answers nothing, not even health; resumed, it
+// serves again.
+func TestPauseResume(t *testing.T) {
+	p := ForTest(t, Config{Bin: bin, DataDir: filepath.Join(t.TempDir(), "data")})
+	if err := p.Pause(); err != nil {
+		t.Fatalf("Pause: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+	defer cancel()
+	if st, err := p.Health(ctx, ""); status.Code(err) != codes.DeadlineExceeded {
+		t.Errorf("health of a paused coordinator: %v, %v; want no answer", st, err)
+	}
+	if err := p.Resume(); err != nil {
+		t.Fatalf("Resume: %v", err)
+	}
+	if err := p.AwaitHealth(t.Context(), "", healthpb.HealthCheckResponse_SERVING); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Pause(); err != nil { // a second pause is waited for too
+		t.Fatalf("second Pause: %v", err)
+	}
+	if err := p.Resume(); err != nil {
+		t.Fatalf("second Resume: %v", err)
 	}
 }

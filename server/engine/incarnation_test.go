@@ -100,6 +100,44 @@ func TestStaleIncarnationIsFenced(t *testing.T) {
 	wantSuperseded(t, "RegisterWorker into a terminal run", err)
 }
 
+// The coordinator's state went back (restored from a backup) to before a
+// running process registered again: the process holds an incarnation ahead
+// of the one the state knows. Nobody took the name since, so the process is
+// not superseded: its calls are refused (the coordinator cannot tell it
+// from a stale one without registering), and registering again with what
+// it holds gives it an incarnation above every one it held, which fences
+// them all, while a process holding an older one is still superseded.
+func TestRegisterAgainAheadOfARestoredState(t *testing.T) {
+	h := newHarness(t)
+	h.create("r", turnSpec(1, ""))
+	env := v1.WorkerRole_WORKER_ROLE_ENVIRONMENT
+	register := func(inc int64) (*v1.RegisterWorkerResponse, error) {
+		return h.e.RegisterWorker(h.ctx, &v1.RegisterWorkerRequest{RunId: "r", Role: env, Name: "env-a", Incarnation: inc})
+	}
+	restored, err := register(0) // the incarnation the backup holds
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := restored.Incarnation + 2 // the process registered twice more before the restore
+	_, err = h.e.Heartbeat(h.ctx, &v1.HeartbeatRequest{RunId: "r", WorkerId: restored.WorkerId, Incarnation: held})
+	wantSuperseded(t, "Heartbeat of an incarnation ahead", err)
+
+	again, err := register(held)
+	if err != nil || again.Incarnation != held+1 || again.WorkerId != restored.WorkerId {
+		t.Fatalf("re-register holding incarnation %d over a state at %d: %v, %v; want incarnation %d of %s",
+			held, restored.Incarnation, again, err, held+1, restored.WorkerId)
+	}
+	for _, inc := range []int64{restored.Incarnation, held} {
+		_, err = h.e.Heartbeat(h.ctx, &v1.HeartbeatRequest{RunId: "r", WorkerId: again.WorkerId, Incarnation: inc})
+		wantSuperseded(t, "Heartbeat of an incarnation replaced", err)
+	}
+	if _, err := h.e.Heartbeat(h.ctx, &v1.HeartbeatRequest{RunId: "r", WorkerId: again.WorkerId, Incarnation: again.Incarnation}); err != nil {
+		t.Fatalf("heartbeat of the new incarnation: %v", err)
+	}
+	_, err = register(restored.Incarnation)
+	wantSuperseded(t, "RegisterWorker of an older incarnation", err)
+}
+
 // A worker process that restarts in the middle of a snapshot resumes just
 // before that snapshot's command, so that it still does its part; once it
 // reported, or for a worker the snapshot does not expect, delivery starts at

@@ -120,10 +120,19 @@ func (m workerMut) register(req *v1.RegisterWorkerRequest) (*workerState, error)
 		// re-register with it is a new one.)
 		return w, nil
 	}
+	var base int64 // the incarnation the new one follows
 	if w != nil {
-		if err := w.current(req.Incarnation); err != nil {
-			return nil, err
+		if req.Incarnation <= w.w.Incarnation {
+			if err := w.current(req.Incarnation); err != nil {
+				return nil, err
+			}
 		}
+		// An incarnation ahead of this state was never issued by it, which
+		// only counts up: the state went back (restored from a backup) to
+		// before this process registered again. The process was not
+		// superseded; its new incarnation follows the one it holds, so
+		// that it is above every one the process held.
+		base = max(w.w.Incarnation, req.Incarnation)
 	}
 	if r.terminal() {
 		return nil, errorf(ErrFailedPrecondition, "run %q is %s: it takes no new workers", r.id, stateName(r.state()))
@@ -144,7 +153,7 @@ func (m workerMut) register(req *v1.RegisterWorkerRequest) (*workerState, error)
 	}
 	m.releaseRank(req, w)
 	w.w.ReplacedIncarnation = req.Incarnation
-	w.w.Incarnation++
+	w.w.Incarnation = base + 1
 	if w.w.Incarnation > 1 {
 		m.notify.commands = true // the previous incarnation's streams and polls must end
 	}

@@ -50,11 +50,27 @@ func startCoordinator(t *testing.T) *coordinator {
 // startCoordinatorWith adds opts (TLS credentials) to the gRPC server's.
 func startCoordinatorWith(t *testing.T, opts []grpc.ServerOption) *coordinator {
 	t.Helper()
+	return startCoordinatorLease(t, opts, 500*time.Millisecond) // short enough for leases to lapse within a test
+}
+
+// startRestartable is startCoordinator for tests that stop the coordinator
+// and start it again while workers run: its lease outlasts a restart (the
+// drain, up to a second, then the client's reconnect, up to a second more:
+// followMaxWait), as a production lease does. With the short lease, every
+// restart on a loaded machine also lapsed the workers' leases: they were
+// declared LOST (a snapshot then completed without them) and registered
+// again, which is another test's subject.
+func startRestartable(t *testing.T) *coordinator {
+	t.Helper()
+	return startCoordinatorLease(t, nil, 10*time.Second)
+}
+
+func startCoordinatorLease(t *testing.T, opts []grpc.ServerOption, lease time.Duration) *coordinator {
+	t.Helper()
 	g := newGate()
 	cfg := coordtest.Config(t.TempDir())
 	cfg.AdminTokens = []string{adminToken}
-	// Short enough for leases to lapse within a test.
-	cfg.HeartbeatInterval, cfg.LeaseTTL, cfg.Test.MaxPollWait = 100*time.Millisecond, 500*time.Millisecond, 2*time.Second
+	cfg.HeartbeatInterval, cfg.LeaseTTL, cfg.Test.MaxPollWait = 100*time.Millisecond, lease, 2*time.Second
 	cfg.Test.UnaryInterceptors = []grpc.UnaryServerInterceptor{g.unary}
 	cfg.Test.StreamInterceptors = []grpc.StreamServerInterceptor{g.stream}
 	cfg.Test.ServerOptions = opts

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -63,7 +64,7 @@ func TestWorkerResyncsWhenTheLogWentBack(t *testing.T) {
 }
 
 func resyncAfterRestore(t *testing.T, poll bool) {
-	co := startCoordinator(t)
+	co := startRestartable(t)
 	cl := co.createRun("r1", turnSpec(1))
 	admin := co.dial("")
 	logs := logsink.NewWatcher()
@@ -92,6 +93,21 @@ func resyncAfterRestore(t *testing.T, poll bool) {
 		})
 	}()
 
+	// nextEvent is the seq of the watch's next event. Waits are bounded: a
+	// worker that stopped, or a watch that ended, fails the test rather than
+	// hanging it.
+	nextEvent := func() int64 {
+		t.Helper()
+		select {
+		case seq := <-progress:
+			return seq
+		case err := <-watched:
+			t.Fatalf("the watch ended early: %v", err)
+		case <-time.After(15 * time.Second):
+			t.Fatal("no event within 15 s")
+		}
+		return 0
+	}
 	checkpoint := func(step int64) *v1.Command {
 		t.Helper()
 		if _, err := trainer.CompleteStep(t.Context(), step, 0); err != nil {
@@ -125,18 +141,27 @@ func resyncAfterRestore(t *testing.T, poll bool) {
 		t.Fatalf("GetRun: %v", err)
 	}
 	for seq := int64(0); seq < run.GetRun().GetLastEventSeq(); {
-		seq = <-progress
+		seq = nextEvent()
 	}
 	registered := logs.Next("registered again", "")
 	co.restoreStore(backup)
-	<-registered // the worker met OUT_OF_RANGE and registered again to resync
+	// The worker meets OUT_OF_RANGE and registers again to resync: its only
+	// registration here, since its lease outlasts the restarts
+	// (startRestartable). A registration for a lapsed lease would let the
+	// test issue the SaveAtDeadline before the worker came back, and the log
+	// would grow to its cursor first (see below).
+	select {
+	case <-registered:
+	case <-time.After(15 * time.Second):
+		t.Fatalf("the worker did not register again within 15 s of the restore (stopped: %v)", env.Err())
+	}
 	// And the watch read the restored log again: an event at a seq it had
 	// delivered before. (Had the log grown past its cursor before it came
 	// back, it would have seen no OUT_OF_RANGE and missed the events in
 	// between: the cursor rule catches a log that is behind, not one that
 	// caught up.)
 	for seq := run.GetRun().GetLastEventSeq() + 1; seq > run.GetRun().GetLastEventSeq(); {
-		seq = <-progress
+		seq = nextEvent()
 	}
 
 	if _, err := admin.Runs.TriggerDeadline(t.Context(), &v1.TriggerDeadlineRequest{RunId: "r1", Reason: "test"}); err != nil {

@@ -105,7 +105,7 @@ func TestWorkerResumesAfterCoordinatorRestart(t *testing.T) {
 		{name: "another address of the list, polling", elsewhere: true, poll: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			co := startCoordinator(t)
+			co := startRestartable(t)
 			list, restart := co.addr, co.restart
 			if tc.elsewhere {
 				other := freeAddr(t)

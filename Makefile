@@ -68,14 +68,17 @@ run: build ## Run the coordinator with its defaults (127.0.0.1:7070, data in ./d
 	./bin/snapcoord serve
 
 # The Debian packages are checked first, so that a machine without them (and
-# no root to install them) stops at once, before any build.
+# no root to install them) stops at once, before any build. A Python suite
+# that hangs (a thread that never ends keeps the interpreter up) is stopped
+# with SIGABRT after 10 minutes, which makes faulthandler print every
+# thread's stack.
 test: ## Run all tests: Go with the race detector (the etcd store's on a real etcd cluster), then the Python client's against bin/snapcoord.
 	scripts/deps-python.sh
 	scripts/deps-etcd.sh
 	$(MAKE) build
 	$(GO) test -race -count=1 -timeout 15m ./...
 	SNAPCOORD_BIN='$(CURDIR)/bin/snapcoord' PYTHONDONTWRITEBYTECODE=1 \
-		$(PYTHON) -m pytest -p no:cacheprovider -q client/python/tests
+		timeout -s ABRT 10m $(PYTHON) -X faulthandler -m pytest -p no:cacheprovider -q -o faulthandler_timeout=120 client/python/tests
 
 generate: ## Regenerate api/ and the Python client's code from proto/ (removes the old generated files first).
 	if [ -d api ]; then find api -name '*.pb.go' -delete; find api -mindepth 1 -type d -empty -delete; fi

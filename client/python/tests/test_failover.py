@@ -70,8 +70,15 @@ class _FollowerHandler(grpc.GenericRpcHandler):
         return _SERVING if self.f.serving or whole_server else _NOT_SERVING
 
     def _watch(self, request: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
+        # The status never changes: hold the watch open until the channel
+        # cancels it or the server stops. Not a bare wait: a handler thread
+        # that never returns keeps the server's executor, and with it the
+        # interpreter, from ever exiting.
+        ended = threading.Event()
+        if not context.add_callback(ended.set):
+            return
         yield self._status(request)
-        threading.Event().wait()  # the status never changes; the channel cancels the watch
+        ended.wait()
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"math"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -136,6 +137,10 @@ func TestRegisterAgainAheadOfARestoredState(t *testing.T) {
 	}
 	_, err = register(restored.Incarnation)
 	wantSuperseded(t, "RegisterWorker of an older incarnation", err)
+
+	// The largest incarnation has no successor: refused, not wrapped round.
+	_, err = register(math.MaxInt64)
+	wantErr(t, err, ErrInvalidArgument, "incarnation")
 }
 
 // A worker process that restarts in the middle of a snapshot resumes just

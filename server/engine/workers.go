@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"fmt"
+	"math"
 	"slices"
 	"sort"
 	"strings"
@@ -121,6 +122,9 @@ func (m workerMut) register(req *v1.RegisterWorkerRequest) (*workerState, error)
 		return w, nil
 	}
 	var base int64 // the incarnation the new one follows
+	if req.Incarnation == math.MaxInt64 {
+		return nil, errorf(ErrInvalidArgument, "incarnation: %d has no successor", req.Incarnation)
+	}
 	if w != nil {
 		if req.Incarnation <= w.w.Incarnation {
 			if err := w.current(req.Incarnation); err != nil {

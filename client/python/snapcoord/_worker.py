@@ -126,6 +126,12 @@ class _Worker:
             return self._reg.incarnation
 
     @property
+    def registration(self) -> ws.RegisterWorkerResponse:
+        """The coordinator's answer to this process's latest registration."""
+        with self._lock:
+            return self._reg
+
+    @property
     def run_state(self) -> RunState:
         with self._lock:
             return RunState(self._run_state)
@@ -499,6 +505,12 @@ class _Handle:
     def incarnation(self) -> int:
         """Counts the registrations under the worker's name."""
         return self._w.incarnation
+
+    @property
+    def registration(self) -> ws.RegisterWorkerResponse:
+        """The coordinator's answer to this process's latest registration."""
+        with self._lock:
+            return self._reg
 
     @property
     def run_state(self) -> RunState:

@@ -155,3 +155,22 @@ func TestSidecarBackstopAfterTheDeadlineSnapshot(t *testing.T) {
 		t.Errorf("reports %q, want %q", f.reports, want)
 	}
 }
+
+// A regular hook still running at the backstop is killed (its snapshot
+// cannot complete without the coordinator) and the deadline hook starts at
+// once, not when the regular one is done.
+func TestSidecarBackstopKillsARegularHook(t *testing.T) {
+	f := &fakeReporter{}
+	s := testSidecar(slowFirstHook, f)
+	regular := s.next(t.Context(), nil, snapshotCmd("snap-1"))
+	var local *hookRun
+	within(t, "the backstop hook's start", func() { local = s.takeBackstop(t.Context(), regular, "backstop-1") })
+	local.wait()
+	want := []string{"snap-1 SKIPPED: hook killed: superseded by the local backstop snapshot (the coordinator was unreachable)"}
+	if !slices.Equal(f.reports, want) {
+		t.Errorf("reports %q, want %q", f.reports, want)
+	}
+	if b := s.backstopDone.Load(); b == nil || b.id != "backstop-1" || b.outcome != v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SAVED {
+		t.Errorf("backstop taken: %+v, want backstop-1 SAVED", b)
+	}
+}

@@ -7,12 +7,13 @@ handled in that process's main thread."""
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import signal
 import subprocess
 import sys
 import threading
-from typing import Iterator
+from typing import Iterator, Optional
 
 import pytest
 from conftest import REPO, Coordinator, run_spec, wait_until
@@ -23,7 +24,7 @@ from snapcoord.v1 import run_service_pb2
 # The worker process: registers, says so on stdout, and saves each snapshot
 # as a JSON file named for it, until the Stop.
 WORKER = """
-import json, logging, pathlib, sys
+import json, logging, os, pathlib, sys
 sys.path.insert(0, sys.argv[1])
 import snapcoord
 logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(message)s")
@@ -32,6 +33,8 @@ client = snapcoord.connect(addr, plaintext=True, run_id=run_id, run_token=token,
 with client.env_worker("env-0") as worker:
     print("registered", flush=True)
     def save(cmd):
+        if os.environ.get("FAIL_COORDINATOR_DEADLINE") and not cmd.backstop:
+            raise OSError("disk full")
         (pathlib.Path(out) / cmd.snapshot_id).write_text(json.dumps(
             {"kind": cmd.kind.value, "reason": cmd.reason, "forced": cmd.forced, "backstop": cmd.backstop}))
     print("stopped:", worker.run(on_snapshot=save), flush=True)
@@ -39,7 +42,7 @@ with client.env_worker("env-0") as worker:
 
 
 class WorkerProcess:
-    def __init__(self, coordinator: Coordinator, run_id: str, tmp: pathlib.Path) -> None:
+    def __init__(self, coordinator: Coordinator, run_id: str, tmp: pathlib.Path, env: Optional[dict[str, str]] = None) -> None:
         _, token = coordinator.admin().create_run(run_id, run_spec(1, budget="00:01:00:00"))
         self.saved = tmp / "saved"
         self.saved.mkdir()
@@ -48,7 +51,7 @@ class WorkerProcess:
         script.write_text(WORKER)
         args = [str(REPO / "client" / "python"), coordinator.addr, run_id, token, str(self.saved)]
         with open(self.stdout, "wb") as out, open(self.stderr, "wb") as err:
-            self.proc = subprocess.Popen([sys.executable, str(script), *args], stdout=out, stderr=err)
+            self.proc = subprocess.Popen([sys.executable, str(script), *args], stdout=out, stderr=err, env={**os.environ, **(env or {})})
         wait_until("the worker to register", lambda: "registered" in self.out() or self.proc.poll() is not None)
         assert self.proc.poll() is None, self.err()
 
@@ -144,3 +147,23 @@ def test_backstop_signal_handler_follows_the_worker(coordinator: Coordinator) ->
     t.join(30)
     assert got.get("default") and signal.getsignal(signal.SIGUSR1) is before
     assert "backstop_signal=SIGUSR2 needs the main thread" in str(got.get("explicit"))
+
+
+def test_a_failed_deadline_report_names_the_backstop(coordinator: Coordinator, tmp_path: pathlib.Path) -> None:
+    w = WorkerProcess(coordinator, "backstop", tmp_path, env={"FAIL_COORDINATOR_DEADLINE": "1"})
+    try:
+        coordinator.kill()
+        w.proc.send_signal(signal.SIGUSR1)
+        wait_until("the backstop snapshot", lambda: "taken locally" in w.err())
+        (local_id,) = w.snapshots()
+        coordinator.start()
+        wait_until("the worker to see the coordinator back", lambda: "the coordinator answers again" in w.err())
+        trigger(coordinator)
+        assert w.wait() == 0, w.err()
+        (snap,) = coordinator.admin().snapshots("backstop")
+        assert len(snap.reports) == 1, (snap, w.err())
+        (report,) = snap.reports
+        assert report.outcome == snapcoord.Outcome.IO_ERROR
+        assert report.message.startswith("OSError: disk full; this worker's state was saved by the local backstop snapshot " + local_id)
+    finally:
+        w.kill()

@@ -203,6 +203,12 @@ func TestEtcdDeposedLeaderIsFenced(t *testing.T) {
 	if !strings.Contains(log.String(), "fenced") {
 		t.Errorf("the deposed leader stepped down for another cause than a fenced commit:\n%s", log.String())
 	}
+	// A routine step-down in a group: a warning, and no advice to restart.
+	for _, line := range strings.Split(log.String(), "\n") {
+		if strings.Contains(line, "a commit was fenced") && !strings.Contains(line, `"level":"WARN"`) || strings.Contains(line, "restart") {
+			t.Errorf("the step-down logged %s", line)
+		}
+	}
 	next := v1.NewRunServiceClient(dial(t, second.Addr()))
 	if _, err := next.GetRun(t.Context(), &v1.GetRunRequest{RunId: "ghost"}); status.Code(err) != codes.NotFound {
 		t.Fatalf("GetRun(ghost) on the new leader: %v; want NOT_FOUND", err)

@@ -213,10 +213,21 @@ func (e *Engine) usable() error {
 	if e.closed.Load() {
 		return errorf(ErrUnavailable, "the coordinator is shutting down")
 	}
-	if e.Healthy() != nil {
-		return errorf(ErrUnavailable, "the coordinator cannot write to its data directory; it must be restarted")
+	if err := e.Healthy(); err != nil {
+		return unusable(err)
 	}
 	return nil
+}
+
+// unusable says why a coordinator whose store failed takes no more calls. A
+// fenced commit (etcd) means another coordinator leads now: the clients go
+// to it, and this one's term ends without a restart. Any other failed
+// commit leaves the data directory in doubt until a restart reloads it.
+func unusable(err error) error {
+	if errors.Is(err, store.ErrFenced) {
+		return errorf(ErrUnavailable, "this coordinator is no longer the leader (another one holds the store): retry on the leader")
+	}
+	return errorf(ErrUnavailable, "the coordinator cannot write to its data directory; it must be restarted")
 }
 
 func (e *Engine) run(id string) (*runState, error) {
@@ -309,7 +320,7 @@ func (e *Engine) wait(ctx context.Context, p *store.Pending) error {
 			return ctx.Err()
 		}
 		e.fail(err)
-		return errorf(ErrUnavailable, "the coordinator cannot write to its data directory; it must be restarted")
+		return unusable(err)
 	}
 	return nil
 }
@@ -317,6 +328,11 @@ func (e *Engine) wait(ctx context.Context, p *store.Pending) error {
 func (e *Engine) fail(err error) {
 	if e.failed.CompareAndSwap(nil, &err) {
 		e.stopWaits()
+		if errors.Is(err, store.ErrFenced) {
+			// Routine in a group on etcd: another coordinator was elected.
+			e.log.Warn("a commit was fenced: another coordinator leads now; this one takes no more changes", "err", err)
+			return
+		}
 		e.log.Error("store commit failed; refusing further changes until restart", "err", err)
 	}
 }

@@ -18,7 +18,7 @@ var deployFiles = []string{
 	"../../deploy/grafana/snapcoord-dashboard.json",
 }
 
-var metricName = regexp.MustCompile(`\b(snapcoord_[a-z0-9_]+|rpc_server_[a-z0-9_]+)\b`)
+var metricName = regexp.MustCompile(`\b(snapcoord_[a-z0-9_]+|rpc_server_[a-z0-9_]+|process_start_time_seconds)\b`)
 
 // Every metric the alert rules and the dashboard query is one the real
 // coordinator exports: a renamed metric would leave an alert that never

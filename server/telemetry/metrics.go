@@ -91,7 +91,18 @@ func newMetrics(res *resource.Resource) (*metrics, error) {
 		_ = m.provider.Shutdown(context.Background())
 		return nil, fmt.Errorf("telemetry: create instruments: %w", err)
 	}
+	m.startAtZero()
 	return m, nil
+}
+
+// startAtZero makes the series that alerts read exist from the start, at
+// 0: Prometheus sees no increase in a series whose first sample is already
+// 1, so the first missed deadline after each start would never alert.
+func (m *metrics) startAtZero() {
+	ctx := context.Background()
+	for _, cause := range engine.MissCauses() {
+		m.deadlineMissed.Add(ctx, 0, m.attrs.get(attrKey{k1: "cause", v1: string(cause)}))
+	}
 }
 
 func (m *metrics) instruments(meter metric.Meter) error {

@@ -55,6 +55,7 @@ func (c *Coordinator) buildServer() error {
 		if c.tlsr, err = auth.NewTLSReloader(c.cfg.TLSCert, c.cfg.TLSKey, c.cfg.ClientCA); err != nil {
 			return err
 		}
+		reportExpiry(c.tel, c.tlsr)
 	}
 	c.adminTokens = len(tokens)
 	c.logSecurity(serveReflection, openReflection)

@@ -33,6 +33,14 @@ func TestDeployReferencesRealMetrics(t *testing.T) {
 	late.Checkpointing.CheckpointMustSaveBy = "00:00:30:00"
 	stepLiveRun(t, c, "late", late, 1)
 	fams := scrapeMetrics(t, c.metricsAddr)
+	// The certificate expiry series exist only with TLS on.
+	pki := newTestPKI(t)
+	withTLS := startCoordinator(t, nil, "--tls-cert", pki.serverCert, "--tls-key", pki.serverKey, "--client-ca", pki.caFile)
+	for name, fam := range scrapeMetrics(t, withTLS.metricsAddr) {
+		if fams[name] == nil {
+			fams[name] = fam
+		}
+	}
 
 	for _, path := range deployFiles {
 		data, err := os.ReadFile(path)

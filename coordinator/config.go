@@ -48,6 +48,12 @@ type Config struct {
 	MaxWorkersPerRun     int
 	MaxEventsPerRun      int
 
+	// RunMetricsRetention keeps an ended run's snapcoord_run_* series this
+	// long after it ended (0: they go when it ends). The default, 15
+	// minutes, lets a few scrapes and the alerts see how a run ended while
+	// ended runs' series stay few.
+	RunMetricsRetention time.Duration
+
 	// Security. AdminTokenFile is re-read on change; AdminTokens are added
 	// to its tokens and never change (SNAPCOORD_ADMIN_TOKEN). With no admin
 	// token at all, RunService is open.
@@ -160,6 +166,7 @@ func Defaults() Config {
 		MaxRuns:                  10000,
 		MaxWorkersPerRun:         10000,
 		MaxEventsPerRun:          100000,
+		RunMetricsRetention:      15 * time.Minute,
 		Reflection:               ReflectionAuto,
 		CredentialsCheckInterval: 10 * time.Second,
 		MetricsListen:            "127.0.0.1:7071",

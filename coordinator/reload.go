@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/snapcoord/snapcoord/server/auth"
+	"github.com/snapcoord/snapcoord/server/telemetry"
 )
 
 // credentialReloader re-reads the admin token file and the TLS files when
@@ -21,12 +22,13 @@ type credentialReloader struct {
 	authn *auth.Authenticator
 	tls   *auth.TLSReloader // nil without TLS
 	log   *slog.Logger
+	tel   *telemetry.Telemetry
 
 	seen map[string]os.FileInfo // by path, as last checked
 }
 
-func newCredentialReloader(cfg Config, authn *auth.Authenticator, tlsr *auth.TLSReloader, log *slog.Logger) *credentialReloader {
-	r := &credentialReloader{cfg: cfg, authn: authn, tls: tlsr, log: log, seen: map[string]os.FileInfo{}}
+func newCredentialReloader(cfg Config, authn *auth.Authenticator, tlsr *auth.TLSReloader, log *slog.Logger, tel *telemetry.Telemetry) *credentialReloader {
+	r := &credentialReloader{cfg: cfg, authn: authn, tls: tlsr, log: log, tel: tel, seen: map[string]os.FileInfo{}}
 	r.changed(r.tokenFiles())
 	r.changed(r.tlsFiles())
 	return r
@@ -69,8 +71,9 @@ func (r *credentialReloader) changed(paths []string) bool {
 }
 
 // check reloads what changed on disk, or everything when forced (SIGHUP).
-// A failed reload keeps the credentials in use and logs why; the next
-// change of the files tries again.
+// A failed reload keeps the credentials in use, logs why and shows on
+// /metrics (an alert reads it); the next change of the files tries again.
+// The metrics change before the log line, which tests wait for.
 func (r *credentialReloader) check(force bool) {
 	if tokens := r.tokenFiles(); (r.changed(tokens) || force) && len(tokens) > 0 {
 		if err := r.reloadTokens(); err != nil {
@@ -78,20 +81,34 @@ func (r *credentialReloader) check(force bool) {
 		}
 	}
 	if files := r.tlsFiles(); (r.changed(files) || force) && r.tls != nil {
-		if err := r.tls.Reload(); err != nil {
+		err := r.tls.Reload()
+		r.tel.CredentialsReloaded(telemetry.CredentialsTLS, err)
+		if err != nil {
 			r.log.Error("TLS files not reloaded; the previous certificate, key and client CA stay in use", "err", err)
 		} else {
+			reportExpiry(r.tel, r.tls)
 			r.log.Info("credentials reloaded", "what", "tls", "cert", r.cfg.TLSCert, "client_ca", r.cfg.ClientCA)
 		}
 	}
 }
 
+// reportExpiry puts when the certificates in use expire on /metrics, for
+// the alert on a certificate about to expire.
+func reportExpiry(tel *telemetry.Telemetry, tlsr *auth.TLSReloader) {
+	exp := tlsr.Expiry()
+	tel.CertificateExpiry(telemetry.CertificateServer, exp.Server)
+	if !exp.ClientCA.IsZero() {
+		tel.CertificateExpiry(telemetry.CertificateClientCA, exp.ClientCA)
+	}
+}
+
 func (r *credentialReloader) reloadTokens() error {
 	tokens, err := AdminTokens(r.cfg)
-	if err != nil {
-		return err
+	if err == nil {
+		err = r.authn.SetAdminTokens(tokens)
 	}
-	if err := r.authn.SetAdminTokens(tokens); err != nil {
+	r.tel.CredentialsReloaded(telemetry.CredentialsAdminTokens, err)
+	if err != nil {
 		return err
 	}
 	r.log.Info("credentials reloaded", "what", "admin_tokens", "admin_tokens", len(tokens))
@@ -134,7 +151,7 @@ func (c *Coordinator) startLoops() {
 		reloadTicker = time.NewTicker(c.cfg.CredentialsCheckInterval)
 		tick = reloadTicker.C
 	}
-	stopReload := newCredentialReloader(c.cfg, c.authn, c.tlsr, c.log).start(tick, c.cfg.ReloadSignals)
+	stopReload := newCredentialReloader(c.cfg, c.authn, c.tlsr, c.log, c.tel).start(tick, c.cfg.ReloadSignals)
 	c.defer_(func() {
 		stopReload()
 		if reloadTicker != nil {

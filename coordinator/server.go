@@ -15,6 +15,7 @@ import (
 
 	"github.com/snapcoord/snapcoord/internal/loopback"
 	"github.com/snapcoord/snapcoord/server/auth"
+	"github.com/snapcoord/snapcoord/server/engine"
 	"github.com/snapcoord/snapcoord/server/grpcserver"
 	"github.com/snapcoord/snapcoord/server/statuspage"
 	"github.com/snapcoord/snapcoord/server/telemetry"
@@ -54,6 +55,7 @@ func (c *Coordinator) buildServer() error {
 		if c.tlsr, err = auth.NewTLSReloader(c.cfg.TLSCert, c.cfg.TLSKey, c.cfg.ClientCA); err != nil {
 			return err
 		}
+		reportExpiry(c.tel, c.tlsr)
 	}
 	c.adminTokens = len(tokens)
 	c.logSecurity(serveReflection, openReflection)
@@ -61,7 +63,8 @@ func (c *Coordinator) buildServer() error {
 		return err
 	}
 	return c.tel.ObserveLive(telemetry.LiveView{
-		Runs: c.gate.LiveRuns, Serving: c.srv.Serving, Now: time.Now,
+		Runs:    func() []engine.LiveRun { return c.gate.MetricRuns(c.cfg.RunMetricsRetention) },
+		Serving: c.srv.Serving, Now: time.Now,
 		CommitFailed: func() bool { return c.gate.Healthy() != nil },
 		Leading:      func() bool { _, self := c.gate.Leader(); return self },
 	})

@@ -18,7 +18,7 @@ var deployFiles = []string{
 	"../../deploy/grafana/snapcoord-dashboard.json",
 }
 
-var metricName = regexp.MustCompile(`\b(snapcoord_[a-z0-9_]+|rpc_server_[a-z0-9_]+)\b`)
+var metricName = regexp.MustCompile(`\b(snapcoord_[a-z0-9_]+|rpc_server_[a-z0-9_]+|process_start_time_seconds)\b`)
 
 // Every metric the alert rules and the dashboard query is one the real
 // coordinator exports: a renamed metric would leave an alert that never
@@ -33,6 +33,14 @@ func TestDeployReferencesRealMetrics(t *testing.T) {
 	late.Checkpointing.CheckpointMustSaveBy = "00:00:30:00"
 	stepLiveRun(t, c, "late", late, 1)
 	fams := scrapeMetrics(t, c.metricsAddr)
+	// The certificate expiry series exist only with TLS on.
+	pki := newTestPKI(t)
+	withTLS := startCoordinator(t, nil, "--tls-cert", pki.serverCert, "--tls-key", pki.serverKey, "--client-ca", pki.caFile)
+	for name, fam := range scrapeMetrics(t, withTLS.metricsAddr) {
+		if fams[name] == nil {
+			fams[name] = fam
+		}
+	}
 
 	for _, path := range deployFiles {
 		data, err := os.ReadFile(path)

@@ -82,6 +82,7 @@ func newServeFlags(cfg *serveConfig) *flag.FlagSet {
 	fs.IntVar(&c.MaxWorkersPerRun, "max-workers-per-run", def.MaxWorkersPerRun, "workers one run may register; more get RESOURCE_EXHAUSTED")
 	fs.IntVar(&c.MaxEventsPerRun, "max-events-per-run", def.MaxEventsPerRun, "events kept per run, on disk (the latest 256 also in memory); the oldest are deleted beyond it")
 	durations.Var(fs, &c.FinishedRunRetention, "finished-run-retention", def.FinishedRunRetention, durations.Options{}, "delete a finished run (and all stored for it) this long after it ended, e.g. 720h; 0 keeps finished runs")
+	durations.Var(fs, &c.RunMetricsRetention, "run-metrics-retention", def.RunMetricsRetention, durations.Options{}, "keep an ended run's snapcoord_run_* series on /metrics this long after it ended; 0 drops them when it ends")
 	durations.Var(fs, &c.KeepaliveMinTime, "keepalive-min-time", def.KeepaliveMinTime, durations.Options{}, "shortest client keepalive ping interval tolerated; clients pinging more often are disconnected")
 	fs.BoolVar(&c.PermitPingsWithoutStream, "keepalive-permit-without-stream", def.PermitPingsWithoutStream, "tolerate client keepalive pings on connections with no open RPC")
 	durations.Var(fs, &c.KeepaliveTime, "keepalive-time", def.KeepaliveTime, durations.Options{}, "ping a client connection silent this long, to notice dead workers")
@@ -161,6 +162,8 @@ func (c serveConfig) validate() error {
 		return errors.New("--pprof needs --metrics-listen")
 	case c.FinishedRunRetention < 0:
 		return errors.New("--finished-run-retention must not be negative")
+	case c.RunMetricsRetention < 0:
+		return fmt.Errorf("--run-metrics-retention (%s) must not be negative", envName("run-metrics-retention"))
 	case c.CredentialsCheckInterval < 0:
 		return errors.New("--credentials-check-interval must not be negative")
 	case c.MaxRecvMsgSize <= 0, c.MaxRuns <= 0, c.MaxWorkersPerRun <= 0, c.MaxEventsPerRun <= 0:

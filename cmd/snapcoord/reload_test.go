@@ -54,6 +54,25 @@ func tlsCreds(t *testing.T, roots *x509.CertPool, client testpki.Leaf) credentia
 	return credentials.NewTLS(&tls.Config{RootCAs: roots, Certificates: []tls.Certificate{client.TLS}, MinVersion: tls.VersionTLS12})
 }
 
+// credentialFiles are the paths a coordinator reloads its credentials from.
+type credentialFiles struct{ cert, key, clientCA, tokens string }
+
+// startRotatable installs server's certificate and key, clientCA and the
+// admin token at fixed paths in dir, and starts a coordinator that checks
+// them every 10 ms.
+func startRotatable(t *testing.T, dir string, server testpki.Leaf, clientCA *testpki.CA) (*served, credentialFiles) {
+	t.Helper()
+	f := credentialFiles{cert: filepath.Join(dir, "tls.pem"), key: filepath.Join(dir, "tls-key.pem"),
+		clientCA: filepath.Join(dir, "client-ca.pem"), tokens: filepath.Join(dir, "admin-tokens")}
+	install(t, server.CertFile, f.cert)
+	install(t, server.KeyFile, f.key)
+	install(t, clientCA.File, f.clientCA)
+	writeTokens(t, f.tokens, adminToken)
+	c := startCoordinator(t, nil, "--tls-cert", f.cert, "--tls-key", f.key, "--client-ca", f.clientCA,
+		"--admin-token-file", f.tokens, "--credentials-check-interval", "10ms")
+	return c, f
+}
+
 // reloaded waits for the coordinator to log msg (with attribute "what",
 // when not empty) after next was asked for: the reload happens at its next
 // check of the files, which only its log reports.
@@ -76,15 +95,8 @@ func TestRotateCredentialsWhileAWorkerStreams(t *testing.T) {
 	serverCA1, clientCA1 := testpki.NewCA(t, dir, "server-ca-1"), testpki.NewCA(t, dir, "client-ca-1")
 	server1 := serverCA1.Issue(t, dir, "server-1", x509.ExtKeyUsageServerAuth)
 	client1 := clientCA1.Issue(t, dir, "client-1", x509.ExtKeyUsageClientAuth)
-	certFile, keyFile, caFile, tokenFile := filepath.Join(dir, "tls.pem"), filepath.Join(dir, "tls-key.pem"),
-		filepath.Join(dir, "client-ca.pem"), filepath.Join(dir, "admin-tokens")
-	install(t, server1.CertFile, certFile)
-	install(t, server1.KeyFile, keyFile)
-	install(t, clientCA1.File, caFile)
-	writeTokens(t, tokenFile, adminToken)
-
-	c := startCoordinator(t, nil, "--tls-cert", certFile, "--tls-key", keyFile, "--client-ca", caFile,
-		"--admin-token-file", tokenFile, "--credentials-check-interval", "10ms")
+	c, files := startRotatable(t, dir, server1, clientCA1)
+	certFile, keyFile, caFile, tokenFile := files.cert, files.key, files.clientCA, files.tokens
 	health := func(creds credentials.TransportCredentials) error {
 		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
 		defer cancel()

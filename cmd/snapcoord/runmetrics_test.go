@@ -15,9 +15,10 @@ import (
 )
 
 // A live run has its own series, labelled run_id, read from the real
-// /metrics; they go when the run ends, and no series carries otel_scope_*.
+// /metrics; with --run-metrics-retention 0 they go when the run ends, and
+// no series carries otel_scope_*.
 func TestPerRunMetricsFollowTheLiveRuns(t *testing.T) {
-	c := startCoordinator(t, map[string]string{adminTokenEnv: adminToken})
+	c := startCoordinator(t, map[string]string{adminTokenEnv: adminToken}, "--run-metrics-retention", "0")
 	spec := runSpec(1)
 	spec.Reserve = &v1.ReserveSpec{MarginSeconds: 30, ExpectedCheckpointSeconds: proto.Float64(120), ExpectedSnapshotSeconds: proto.Float64(60)}
 	resp := stepLiveRun(t, c, "live", spec, 7)

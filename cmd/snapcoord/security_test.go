@@ -200,6 +200,7 @@ func TestSecurityFlagErrors(t *testing.T) {
 		{"pprof without metrics", []string{"--pprof", "--metrics-listen", ""}, nil, "--pprof"},
 		{"zero max runs", []string{"--max-runs", "0"}, nil, "--max-runs"},
 		{"negative retention", []string{"--finished-run-retention", "-1h"}, nil, "--finished-run-retention"},
+		{"negative run metrics retention", []string{"--run-metrics-retention", "-1h"}, nil, "--run-metrics-retention"},
 		{"zero streams", []string{"--max-concurrent-streams", "0"}, nil, "--max-concurrent-streams"},
 		{"tiny header list", []string{"--max-header-list-size", "100"}, nil, "--max-header-list-size"},
 		{"short admin token in env", nil, map[string]string{adminTokenEnv: "short"}, adminTokenEnv},
@@ -227,7 +228,7 @@ func TestServeHelpListsSecurityAndLimitFlags(t *testing.T) {
 	}
 	for _, flag := range []string{"admin-token-file", "insecure", "tls-cert", "tls-key", "client-ca", "reflection",
 		"metrics-listen", "pprof", "max-recv-msg-size", "max-header-list-size", "max-concurrent-streams", "max-runs", "max-workers-per-run",
-		"max-events-per-run", "finished-run-retention", "keepalive-min-time", "keepalive-permit-without-stream", "keepalive-time", "keepalive-timeout", "max-connection-idle"} {
+		"max-events-per-run", "finished-run-retention", "run-metrics-retention", "keepalive-min-time", "keepalive-permit-without-stream", "keepalive-time", "keepalive-timeout", "max-connection-idle"} {
 		if !strings.Contains(stdout.String(), "-"+flag) || !strings.Contains(stdout.String(), envName(flag)) {
 			t.Errorf("help lacks -%s or %s", flag, envName(flag))
 		}

@@ -50,7 +50,15 @@ type Leaf struct {
 // dir/<name>.pem and its key to dir/<name>-key.pem.
 func (ca *CA) Issue(t testing.TB, dir, name string, usage x509.ExtKeyUsage, hosts ...string) Leaf {
 	t.Helper()
+	return ca.IssueUntil(t, dir, name, usage, time.Now().Add(time.Hour), hosts...)
+}
+
+// IssueUntil is Issue with a certificate valid until notAfter (which X.509
+// keeps to the second).
+func (ca *CA) IssueUntil(t testing.TB, dir, name string, usage x509.ExtKeyUsage, notAfter time.Time, hosts ...string) Leaf {
+	t.Helper()
 	tmpl := template(name)
+	tmpl.NotAfter = notAfter
 	tmpl.KeyUsage, tmpl.ExtKeyUsage = x509.KeyUsageDigitalSignature, []x509.ExtKeyUsage{usage}
 	if len(hosts) == 0 {
 		hosts = []string{"127.0.0.1", "localhost"}

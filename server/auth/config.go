@@ -5,10 +5,12 @@ import (
 	"bytes"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"os"
 	"strings"
+	"time"
 )
 
 // MinAdminTokenLength is the shortest admin token ReadAdminTokens accepts:
@@ -58,35 +60,79 @@ func CheckAdminToken(tok string) error {
 
 // ServerTLSConfig loads the server's certificate and key and, when
 // clientCAFile is set, requires every client to present a certificate
-// signed by one of the CAs in it (mutual TLS).
-func ServerTLSConfig(certFile, keyFile, clientCAFile string) (*tls.Config, error) {
+// signed by one of the CAs in it (mutual TLS). The Expiry is what it loaded.
+func ServerTLSConfig(certFile, keyFile, clientCAFile string) (*tls.Config, Expiry, error) {
 	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
 	if err != nil {
-		return nil, fmt.Errorf("load TLS certificate %s and key %s: %w", certFile, keyFile, err)
+		return nil, Expiry{}, fmt.Errorf("load TLS certificate %s and key %s: %w", certFile, keyFile, err)
 	}
 	cfg := &tls.Config{
 		Certificates: []tls.Certificate{cert},
 		MinVersion:   tls.VersionTLS12,
 	}
+	exp := Expiry{Server: chainExpiry(cert)}
 	if clientCAFile != "" {
-		pool, err := loadCertPool(clientCAFile)
+		pool, notAfter, err := loadCertPool(clientCAFile)
 		if err != nil {
-			return nil, err
+			return nil, Expiry{}, err
 		}
 		cfg.ClientCAs = pool
 		cfg.ClientAuth = tls.RequireAndVerifyClientCert
+		exp.ClientCA = notAfter
 	}
-	return cfg, nil
+	return cfg, exp, nil
 }
 
-func loadCertPool(path string) (*x509.CertPool, error) {
-	pem, err := os.ReadFile(path)
+// Expiry is when loaded certificates stop being valid, for the expiry
+// metrics: the earliest NotAfter of the served chain (leaf and the
+// intermediates sent with it: the first to expire breaks it) and of the
+// client CAs (zero without any). An expiring CA in a bundle kept for a
+// rotation still counts: clients whose certificates it signed fail then.
+type Expiry struct {
+	Server, ClientCA time.Time
+}
+
+// chainExpiry is the earliest NotAfter in cert's chain. LoadX509KeyPair
+// parsed every certificate of it already, so none fails here.
+func chainExpiry(cert tls.Certificate) time.Time {
+	var first time.Time
+	for _, der := range cert.Certificate {
+		if c, err := x509.ParseCertificate(der); err == nil && (first.IsZero() || c.NotAfter.Before(first)) {
+			first = c.NotAfter
+		}
+	}
+	return first
+}
+
+// loadCertPool reads a PEM bundle of CAs, and the earliest NotAfter among
+// them. Like x509.CertPool.AppendCertsFromPEM it skips blocks that are not
+// certificates or do not parse, and fails only when none is left.
+func loadCertPool(path string) (*x509.CertPool, time.Time, error) {
+	rest, err := os.ReadFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("read client CA file: %w", err)
+		return nil, time.Time{}, fmt.Errorf("read client CA file: %w", err)
 	}
 	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(pem) {
-		return nil, fmt.Errorf("client CA file %s holds no PEM certificate", path)
+	var first time.Time
+	for len(rest) > 0 {
+		var block *pem.Block
+		if block, rest = pem.Decode(rest); block == nil {
+			break
+		}
+		if block.Type != "CERTIFICATE" || len(block.Headers) != 0 {
+			continue
+		}
+		c, err := x509.ParseCertificate(block.Bytes)
+		if err != nil {
+			continue
+		}
+		pool.AddCert(c)
+		if first.IsZero() || c.NotAfter.Before(first) {
+			first = c.NotAfter
+		}
 	}
-	return pool, nil
+	if first.IsZero() {
+		return nil, time.Time{}, fmt.Errorf("client CA file %s holds no PEM certificate", path)
+	}
+	return pool, first, nil
 }

@@ -11,7 +11,13 @@ import (
 // material they were made with and new ones get the new.
 type TLSReloader struct {
 	certFile, keyFile, clientCAFile string
-	current                         atomic.Pointer[tls.Config]
+	current                         atomic.Pointer[tlsLoaded]
+}
+
+// tlsLoaded is one load of the files.
+type tlsLoaded struct {
+	cfg    *tls.Config
+	expiry Expiry
 }
 
 // NewTLSReloader loads the files once, as ServerTLSConfig does.
@@ -27,23 +33,26 @@ func NewTLSReloader(certFile, keyFile, clientCAFile string) (*TLSReloader, error
 // (a key that does not match the certificate yet, a truncated file) the
 // previous configuration stays in use.
 func (r *TLSReloader) Reload() error {
-	cfg, err := ServerTLSConfig(r.certFile, r.keyFile, r.clientCAFile)
+	cfg, exp, err := ServerTLSConfig(r.certFile, r.keyFile, r.clientCAFile)
 	if err != nil {
 		return err
 	}
 	// The configuration GetConfigForClient returns replaces the one gRPC
 	// set ALPN on, so it must offer h2 itself.
 	cfg.NextProtos = []string{"h2"}
-	r.current.Store(cfg)
+	r.current.Store(&tlsLoaded{cfg: cfg, expiry: exp})
 	return nil
 }
+
+// Expiry is when the certificates in use expire: those loaded last.
+func (r *TLSReloader) Expiry() Expiry { return r.current.Load().expiry }
 
 // Config is the server's TLS configuration; hand it to credentials.NewTLS.
 func (r *TLSReloader) Config() *tls.Config {
 	return &tls.Config{
 		MinVersion: tls.VersionTLS12,
 		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
-			return r.current.Load(), nil
+			return r.current.Load().cfg, nil
 		},
 	}
 }

@@ -21,7 +21,7 @@ func (o *checkpointObserver) CheckpointSaved(_ context.Context, _ string, _ int6
 	o.saved = append(o.saved, sec)
 }
 
-// LiveRuns lists the runs that have not ended, each with its latest
+// MetricRuns(0) lists the runs that have not ended, each with its latest
 // decision; CheckpointSaved reports a checkpoint once, with the slowest
 // rank's save, when the last rank saved it.
 func TestLiveRunsAndCheckpointSaved(t *testing.T) {
@@ -48,9 +48,9 @@ func TestLiveRunsAndCheckpointSaved(t *testing.T) {
 	if _, err := h.e.CancelRun(h.ctx, &v1.CancelRunRequest{RunId: "b"}); err != nil {
 		t.Fatal(err)
 	}
-	live := h.e.LiveRuns()
+	live := h.e.MetricRuns(0)
 	if len(live) != 1 || live[0].Run.GetRunId() != "a" {
-		t.Fatalf("LiveRuns = %v, want only run a", live)
+		t.Fatalf("MetricRuns(0) = %v, want only run a", live)
 	}
 	if d := live[0].LastDecision; d.GetStep() != 1 || d.GetAction() != v1.StepAction_STEP_ACTION_CONTINUE || d.GetInputs().GetMustSaveBy() == nil {
 		t.Errorf("LastDecision = %v, want step 1 CONTINUE with its inputs", d)

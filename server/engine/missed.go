@@ -24,6 +24,12 @@ const (
 	MissedSaveEndedAfterB MissCause = "save_ended_after_deadline"
 )
 
+// MissCauses lists every MissCause, so that a counter by cause can start
+// each at 0: a series that first appears at 1 shows Prometheus no increase.
+func MissCauses() []MissCause {
+	return []MissCause{MissedDecidedAfterB, MissedRunningAtB, MissedSavingAtB, MissedSaveEndedAfterB}
+}
+
 // missDeadline marks the run's deadline missed, once per run: a WARNING
 // event, Run.deadline_missed (stored with the run, so it survives a
 // restart) and the observer's count. A late save used to show only as

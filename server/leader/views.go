@@ -2,6 +2,7 @@ package leader
 
 import (
 	"context"
+	"time"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 	"github.com/snapcoord/snapcoord/server/engine"
@@ -27,10 +28,11 @@ func (g *Gate) Stats() engine.Stats {
 	return engine.Stats{}
 }
 
-// LiveRuns are the current engine's runs; none while following.
-func (g *Gate) LiveRuns() []engine.LiveRun {
+// MetricRuns are the current engine's runs with per-run gauges; none
+// while following.
+func (g *Gate) MetricRuns(endedWithin time.Duration) []engine.LiveRun {
 	if e := g.Current(); e != nil {
-		return e.LiveRuns()
+		return e.MetricRuns(endedWithin)
 	}
 	return nil
 }

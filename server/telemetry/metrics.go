@@ -2,6 +2,7 @@ package telemetry
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -36,6 +37,10 @@ const (
 	MetricStoreCommitDuration = "snapcoord.store.commit.duration"
 	MetricStoreCommitBatches  = "snapcoord.store.commit.batches"
 	MetricCheckpointDuration  = "snapcoord.checkpoint.duration"
+
+	MetricCredentialsReloadFailures = "snapcoord.credentials.reload.failures"
+	MetricCredentialsReloadFailed   = "snapcoord.credentials.reload.failed"
+	MetricTLSCertificateExpiry      = "snapcoord.tls.certificate.expiry.timestamp"
 )
 
 // Bucket boundaries, in seconds (batches for the last). Commands wait for
@@ -64,6 +69,10 @@ type metrics struct {
 	commitDuration   metric.Float64Histogram
 	commitBatches    metric.Int64Histogram
 
+	reloadFailures metric.Int64Counter
+	reloadFailed   metric.Int64Gauge
+	certExpiry     metric.Float64Gauge
+
 	runs    metric.Int64ObservableGauge
 	workers metric.Int64ObservableGauge
 
@@ -87,11 +96,28 @@ func newMetrics(res *resource.Resource) (*metrics, error) {
 		provider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(exp), sdkmetric.WithResource(res)),
 		registry: reg,
 	}
-	if err := m.instruments(m.provider.Meter(scope)); err != nil {
+	meter := m.provider.Meter(scope)
+	if err := errors.Join(m.instruments(meter), m.credentialInstruments(meter)); err != nil {
 		_ = m.provider.Shutdown(context.Background())
 		return nil, fmt.Errorf("telemetry: create instruments: %w", err)
 	}
+	m.startAtZero()
 	return m, nil
+}
+
+// startAtZero makes the series that alerts read exist from the start, at
+// 0: Prometheus sees no increase in a series whose first sample is already
+// 1, so the first missed deadline after each start would never alert.
+func (m *metrics) startAtZero() {
+	ctx := context.Background()
+	for _, cause := range engine.MissCauses() {
+		m.deadlineMissed.Add(ctx, 0, m.attrs.get(attrKey{k1: "cause", v1: string(cause)}))
+	}
+	for _, what := range []string{CredentialsAdminTokens, CredentialsTLS} {
+		attrs := m.attrs.get(attrKey{k1: "credentials", v1: what})
+		m.reloadFailures.Add(ctx, 0, attrs)
+		m.reloadFailed.Record(ctx, 0, attrs)
+	}
 }
 
 func (m *metrics) instruments(meter metric.Meter) error {
@@ -141,6 +167,17 @@ func (m *metrics) instruments(meter metric.Meter) error {
 		metric.WithDescription("Workers of all runs, by role and state."))
 	try(e)
 	return err
+}
+
+func (m *metrics) credentialInstruments(meter metric.Meter) error {
+	var errs [3]error
+	m.reloadFailures, errs[0] = meter.Int64Counter(MetricCredentialsReloadFailures, metric.WithUnit("{reload}"),
+		metric.WithDescription("Reloads of the admin token file or the TLS files that failed (the credentials in use stayed), by credentials: admin_tokens, tls."))
+	m.reloadFailed, errs[1] = meter.Int64Gauge(MetricCredentialsReloadFailed,
+		metric.WithDescription("1 while the latest reload of these credentials failed: the files on disk are not the ones in use."))
+	m.certExpiry, errs[2] = meter.Float64Gauge(MetricTLSCertificateExpiry, metric.WithUnit("s"),
+		metric.WithDescription("When a certificate in use expires (Unix seconds): the earliest NotAfter of the --tls-cert chain (certificate=server) or of the --client-ca file (certificate=client_ca)."))
+	return errors.Join(errs[:]...)
 }
 
 // observeStats registers the gauges' callback. Every state is reported,
@@ -249,4 +286,17 @@ func (m *metrics) committed(batches int, d time.Duration) {
 	ctx := context.Background()
 	m.commitDuration.Record(ctx, d.Seconds())
 	m.commitBatches.Record(ctx, int64(batches))
+}
+
+func (m *metrics) credentialsReloaded(what string, err error) {
+	ctx := context.Background()
+	attrs := m.attrs.get(attrKey{k1: "credentials", v1: what})
+	if err != nil {
+		m.reloadFailures.Add(ctx, 1, attrs)
+	}
+	m.reloadFailed.Record(ctx, boolGauge(err != nil), attrs)
+}
+
+func (m *metrics) certificateExpiry(which string, notAfter time.Time) {
+	m.certExpiry.Record(context.Background(), float64(notAfter.Unix()), m.attrs.get(attrKey{k1: "certificate", v1: which}))
 }

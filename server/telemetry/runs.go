@@ -14,8 +14,11 @@ import (
 )
 
 // Per-run gauges, labelled run_id. They are observed at each scrape from the
-// runs that have not ended, so a run's series disappear with it: the label's
-// cardinality is bounded by the live runs (--max-runs), not by history.
+// runs LiveView.Runs lists: those running and those ended within
+// --run-metrics-retention (engine.MetricRuns). A run's series disappear
+// after that, and a queued PENDING run has none: the label's cardinality is
+// bounded by the jobs running and the runs ended recently, not by
+// --max-runs or history.
 const (
 	MetricRunState           = "snapcoord.run.state"
 	MetricRunUntilMustSaveBy = "snapcoord.run.until_must_save_by"
@@ -52,7 +55,7 @@ func newRunGauges(meter metric.Meter) (*runGauges, error) {
 		errs = append(errs, err)
 		return o
 	}
-	g.state = i(MetricRunState, "", "1 for each run that has not ended, labelled with its state.")
+	g.state = i(MetricRunState, "", "1 for each run with per-run series (running, or ended within --run-metrics-retention), labelled with its state.")
 	g.snapshotFails = i(MetricRunSnapshotFails, "{snapshot}", "IO_ERROR and TIMEOUT snapshots since the run's last SAVED one, as max_consecutive_failures counts them.")
 	g.untilB = f(MetricRunUntilMustSaveBy, "Seconds until the run's deadline B (must_save_by); negative once it passed.")
 	g.untilFires = f(MetricRunUntilFiresAt, "Seconds until fires_at = B - (I + C + R + M), from which a completed step saves and stops.")
@@ -74,7 +77,7 @@ func newRunGauges(meter metric.Meter) (*runGauges, error) {
 
 // LiveView is what the per-run and health gauges read at each scrape.
 type LiveView struct {
-	Runs         func() []engine.LiveRun
+	Runs         func() []engine.LiveRun // the runs with per-run series
 	Serving      func() bool
 	Leading      func() bool
 	CommitFailed func() bool

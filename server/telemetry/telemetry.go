@@ -202,5 +202,31 @@ func (t *Telemetry) CheckpointSaved(_ context.Context, _ string, _ int64, second
 	t.metrics.checkpointSaved(seconds)
 }
 
+// The credentials a reload covers: the label credentials of the reload
+// metrics.
+const (
+	CredentialsAdminTokens = "admin_tokens" // --admin-token-file
+	CredentialsTLS         = "tls"          // --tls-cert, --tls-key and --client-ca
+)
+
+// The certificates whose expiry is a metric: the label certificate.
+const (
+	CertificateServer   = "server"    // the --tls-cert chain
+	CertificateClientCA = "client_ca" // the CAs in --client-ca
+)
+
+// CredentialsReloaded records a reload of what (CredentialsAdminTokens or
+// CredentialsTLS): a failure counts, and the failed gauge says whether the
+// latest attempt failed.
+func (t *Telemetry) CredentialsReloaded(what string, err error) {
+	t.metrics.credentialsReloaded(what, err)
+}
+
+// CertificateExpiry records when a certificate in use (CertificateServer
+// or CertificateClientCA) expires; call it at each load.
+func (t *Telemetry) CertificateExpiry(which string, notAfter time.Time) {
+	t.metrics.certificateExpiry(which, notAfter)
+}
+
 // Tracer returns snapcoord's tracer, for spans of its own.
 func (t *Telemetry) Tracer() trace.Tracer { return t.tracing.tracer }

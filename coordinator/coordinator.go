@@ -48,8 +48,8 @@ type Coordinator struct {
 	authn *auth.Authenticator
 	tlsr  *auth.TLSReloader // nil without TLS
 	srv   *grpcserver.Server
-	// adminTokens is how many admin tokens there were at start.
-	adminTokens int
+	// adminTokens and viewerTokens are how many there were at start.
+	adminTokens, viewerTokens int
 
 	// undo releases, in reverse, what New and Start acquired.
 	undo   []func()

@@ -9,7 +9,7 @@ import (
 	"github.com/snapcoord/snapcoord/server/auth"
 )
 
-// credentialReloader re-reads the admin token file and the TLS files when
+// credentialReloader re-reads the admin and viewer token files and the TLS files when
 // they change, so that a rotation needs no restart. Checking is a stat of
 // each file (cheap: no read unless something changed) at every
 // CredentialsCheckInterval, and a value on ReloadSignals (SIGHUP) reloads
@@ -28,11 +28,13 @@ type credentialReloader struct {
 func newCredentialReloader(cfg Config, authn *auth.Authenticator, tlsr *auth.TLSReloader, log *slog.Logger) *credentialReloader {
 	r := &credentialReloader{cfg: cfg, authn: authn, tls: tlsr, log: log, seen: map[string]os.FileInfo{}}
 	r.changed(r.tokenFiles())
+	r.changed(r.viewerFiles())
 	r.changed(r.tlsFiles())
 	return r
 }
 
-func (r *credentialReloader) tokenFiles() []string { return nonEmpty(r.cfg.AdminTokenFile) }
+func (r *credentialReloader) tokenFiles() []string  { return nonEmpty(r.cfg.AdminTokenFile) }
+func (r *credentialReloader) viewerFiles() []string { return nonEmpty(r.cfg.ViewerTokenFile) }
 func (r *credentialReloader) tlsFiles() []string {
 	return nonEmpty(r.cfg.TLSCert, r.cfg.TLSKey, r.cfg.ClientCA)
 }
@@ -77,6 +79,11 @@ func (r *credentialReloader) check(force bool) {
 			r.log.Error("admin tokens not reloaded; the previous ones stay valid", "file", r.cfg.AdminTokenFile, "err", err)
 		}
 	}
+	if files := r.viewerFiles(); (r.changed(files) || force) && len(files) > 0 {
+		if err := r.reloadViewers(); err != nil {
+			r.log.Error("viewer tokens not reloaded; the previous ones stay valid", "file", r.cfg.ViewerTokenFile, "err", err)
+		}
+	}
 	if files := r.tlsFiles(); (r.changed(files) || force) && r.tls != nil {
 		if err := r.tls.Reload(); err != nil {
 			r.log.Error("TLS files not reloaded; the previous certificate, key and client CA stay in use", "err", err)
@@ -95,6 +102,18 @@ func (r *credentialReloader) reloadTokens() error {
 		return err
 	}
 	r.log.Info("credentials reloaded", "what", "admin_tokens", "admin_tokens", len(tokens))
+	return nil
+}
+
+func (r *credentialReloader) reloadViewers() error {
+	tokens, err := ViewerTokens(r.cfg)
+	if err != nil {
+		return err
+	}
+	if err := r.authn.SetViewerTokens(tokens); err != nil {
+		return err
+	}
+	r.log.Info("credentials reloaded", "what", "viewer_tokens", "viewer_tokens", len(tokens))
 	return nil
 }
 

@@ -40,14 +40,26 @@ func AdminTokens(cfg Config) ([]string, error) {
 	return tokens, nil
 }
 
+// ViewerTokens reads cfg.ViewerTokenFile; none without one.
+func ViewerTokens(cfg Config) ([]string, error) {
+	if cfg.ViewerTokenFile == "" {
+		return nil, nil
+	}
+	return auth.ReadViewerTokens(cfg.ViewerTokenFile)
+}
+
 // buildServer puts authentication, TLS and telemetry around the engine.
 func (c *Coordinator) buildServer() error {
 	tokens, err := AdminTokens(c.cfg)
 	if err != nil {
 		return err
 	}
+	viewers, err := ViewerTokens(c.cfg)
+	if err != nil {
+		return err
+	}
 	serveReflection, openReflection := c.cfg.ReflectionAccess()
-	if c.authn, err = auth.New(auth.Options{AdminTokens: tokens, Runs: c.gate, OpenReflection: openReflection}); err != nil {
+	if c.authn, err = auth.New(auth.Options{AdminTokens: tokens, ViewerTokens: viewers, Runs: c.gate, OpenReflection: openReflection}); err != nil {
 		return err
 	}
 	if c.cfg.TLSCert != "" {
@@ -55,7 +67,7 @@ func (c *Coordinator) buildServer() error {
 			return err
 		}
 	}
-	c.adminTokens = len(tokens)
+	c.adminTokens, c.viewerTokens = len(tokens), len(viewers)
 	c.logSecurity(serveReflection, openReflection)
 	if c.srv, err = grpcserver.New(c.serverConfig(serveReflection), c.gate, c.log); err != nil {
 		return err
@@ -113,7 +125,7 @@ func (c *Coordinator) logSecurity(serveReflection, openReflection bool) {
 			reflectionMode = auth.Open.String()
 		}
 	}
-	c.log.Info("security", "admin_tokens", nAdminTokens, "tls", tlsMode, "reflection", reflectionMode,
+	c.log.Info("security", "admin_tokens", nAdminTokens, "viewer_tokens", c.viewerTokens, "tls", tlsMode, "reflection", reflectionMode,
 		"traces_exported", c.tel.TracesExported())
 	if nAdminTokens == 0 {
 		c.log.Warn("no admin token configured: RunService is open to anyone who can connect")
@@ -126,10 +138,10 @@ func (c *Coordinator) logSecurity(serveReflection, openReflection bool) {
 // MetricsListen until release.
 func (c *Coordinator) startMetrics() error {
 	var page http.Handler
-	if c.cfg.StatusPageAllowed(c.adminTokens) {
+	if c.cfg.StatusPageAllowed(c.adminTokens + c.viewerTokens) {
 		page = statuspage.New(statuspage.Options{Runs: c.gate, Admit: c.authn, Logger: c.log})
 	} else {
-		c.log.Warn("status page off: no admin token is configured and --metrics-listen is not loopback; configure an admin token or pass --insecure")
+		c.log.Warn("status page off: no admin or viewer token is configured and --metrics-listen is not loopback; configure one or pass --insecure")
 	}
 	if c.cfg.MetricsListen == "" {
 		return nil

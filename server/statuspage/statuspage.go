@@ -6,7 +6,8 @@
 // refreshes itself with a meta refresh and needs no JavaScript.
 //
 // It reads through the same engine methods RunService serves, and admits
-// callers by RunService's rule: an admin token when any is configured.
+// a viewer or admin token (HTTP basic auth's password, or a bearer token)
+// when any is configured.
 package statuspage
 
 import (
@@ -35,10 +36,11 @@ type Runs interface {
 	ListSnapshots(ctx context.Context, req *v1.ListSnapshotsRequest) (*v1.ListSnapshotsResponse, error)
 }
 
-// Admitter applies RunService's rule to a bearer token; *auth.Authenticator
-// is one. The error is a gRPC status (Unauthenticated, PermissionDenied).
+// Admitter applies the page's rule to a token (a viewer or admin token,
+// when any is configured); *auth.Authenticator is one. The error is a gRPC
+// status (Unauthenticated, PermissionDenied).
 type Admitter interface {
-	CheckAdmin(token string, present bool) error
+	CheckViewer(token string, present bool) error
 }
 
 // Options configure the page.
@@ -78,7 +80,7 @@ func New(opts Options) *Page {
 // ServeHTTP admits the caller, then serves the page.
 func (p *Page) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	token, present := credential(r)
-	if err := p.opts.Admit.CheckAdmin(token, present); err != nil {
+	if err := p.opts.Admit.CheckViewer(token, present); err != nil {
 		refuse(w, err)
 		return
 	}
@@ -87,7 +89,7 @@ func (p *Page) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	p.mux.ServeHTTP(w, r)
 }
 
-// credential reads an admin token from "Authorization: Bearer <token>"
+// credential reads a viewer or admin token from "Authorization: Bearer <token>"
 // (curl, scripts) or from HTTP basic auth's password, any user name (a
 // browser asks for it once and keeps it for the session). Never from the
 // URL: URLs end up in logs and browser history.
@@ -113,7 +115,7 @@ func refuse(w http.ResponseWriter, err error) {
 		http.Error(w, status.Convert(err).Message(), http.StatusForbidden)
 		return
 	}
-	w.Header().Set("WWW-Authenticate", `Basic realm="snapcoord status: any user name, an admin token as password", charset="UTF-8"`)
+	w.Header().Set("WWW-Authenticate", `Basic realm="snapcoord status: any user name, a viewer token as password", charset="UTF-8"`)
 	http.Error(w, status.Convert(err).Message(), http.StatusUnauthorized)
 }
 

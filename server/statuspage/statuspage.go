@@ -34,6 +34,7 @@ type Runs interface {
 	GetRun(ctx context.Context, req *v1.GetRunRequest) (*v1.GetRunResponse, error)
 	WatchRun(ctx context.Context, req *v1.WatchRunRequest, send func(*v1.RunEvent) error) error
 	ListSnapshots(ctx context.Context, req *v1.ListSnapshotsRequest) (*v1.ListSnapshotsResponse, error)
+	ListWorkers(ctx context.Context, req *v1.ListWorkersRequest) (*v1.ListWorkersResponse, error)
 }
 
 // Admitter applies the page's rule to a token (a viewer or admin token,
@@ -51,6 +52,12 @@ type Options struct {
 	Logger *slog.Logger
 	// Refresh is the meta refresh interval; default 5 s.
 	Refresh time.Duration
+	// LeaseTTL is the coordinator's --lease-ttl: a worker's last heartbeat
+	// is its lease's end minus it. 0: the page shows the lease's end.
+	LeaseTTL time.Duration
+	// Steps, when set, gives each trainer rank's last step (fed by its
+	// interceptor); without it ranks show none and none is flagged behind.
+	Steps *RankSteps
 }
 
 // Page is the status page's http.Handler: "/" lists the runs, "/runs/{id}"
@@ -152,7 +159,14 @@ func (p *Page) run(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	now := p.opts.Now()
-	p.render(w, "run", runData{header: p.header("snapcoord run "+id, now), Run: summarize(tl.run, now), Timeline: tl.draw(now)})
+	data := runData{header: p.header("snapcoord run "+id, now), Run: summarize(tl.run, now), Timeline: tl.draw(now),
+		Workers: tl.workerRows(now, p.opts.LeaseTTL, p.opts.Steps), MoreWorkers: len(tl.workers) >= maxWorkers}
+	for _, wr := range data.Workers {
+		if len(wr.Flags) > 0 {
+			data.Flagged = append(data.Flagged, wr.Name+": "+strings.Join(wr.Flags, "; "))
+		}
+	}
+	p.render(w, "run", data)
 }
 
 func (p *Page) fail(w http.ResponseWriter, err error) {
@@ -197,8 +211,11 @@ type indexData struct {
 
 type runData struct {
 	header
-	Run      runSummary
-	Timeline timelineView
+	Run         runSummary
+	Timeline    timelineView
+	Workers     []workerRow
+	MoreWorkers bool
+	Flagged     []string // each flagged worker, with why
 }
 
 // runSummary is one run's line in the index and head of its page.
@@ -208,6 +225,7 @@ type runSummary struct {
 	LastStep                    int64
 	FiredAt, Ended, Failure     string
 	Missed                      string // why the run missed its deadline; empty if it did not
+	PastB                       string // a live run past B: by how much, and that it has not saved
 	I, C, R, M                  string
 }
 
@@ -244,28 +262,24 @@ func summarize(run *v1.Run, now time.Time) runSummary {
 	if e := run.GetEndedAt(); e != nil {
 		s.Ended = e.AsTime().UTC().Format(timeLayout)
 	}
+	s.PastB = pastB(run, now)
 	return s
 }
 
-// endedRelativeTo: "ended 3s before B" or "ended 1m2s after B".
-func endedRelativeTo(ended, b time.Time) string {
-	if ended.After(b) {
-		return "ended " + ended.Sub(b).Round(time.Second).String() + " after B"
+// pastB flags a run that is not over at B: its save has not begun (or
+// not finished), so the job is about to lose its work or already did.
+func pastB(run *v1.Run, now time.Time) string {
+	b := run.GetDeadline().GetMustSaveBy()
+	if b == nil || run.GetEndedAt() != nil || !now.After(b.AsTime()) {
+		return ""
 	}
-	return "ended " + b.Sub(ended).Round(time.Second).String() + " before B"
-}
-
-// until says how far away a moment is: "in 1h2m3s" or "4m5s ago".
-func until(d time.Duration) string {
-	d = d.Round(time.Second)
-	if d < 0 {
-		return (-d).String() + " ago"
+	late := human(now.Sub(b.AsTime()))
+	switch run.GetState() {
+	case v1.RunState_RUN_STATE_SAVING, v1.RunState_RUN_STATE_SNAPSHOTTING:
+		return "PAST B by " + late + ": the deadline save has not finished"
+	default:
+		return "PAST B by " + late + ": not saved"
 	}
-	return "in " + d.String()
-}
-
-func seconds(s float64) string {
-	return time.Duration(s * float64(time.Second)).Round(10 * time.Millisecond).String()
 }
 
 var pages = template.Must(template.New("").Parse(pageTemplates))

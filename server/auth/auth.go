@@ -264,7 +264,8 @@ func (a *Authenticator) authenticate(ctx context.Context) (context.Context, erro
 
 // CheckAdmin applies RunService's rule to a bearer token (present false:
 // none was sent). The error is a gRPC status: Unauthenticated or
-// PermissionDenied. The status page on the metrics listener uses it too.
+// PermissionDenied. A viewer token gets PermissionDenied: it opens only
+// the status page (CheckViewer).
 func (a *Authenticator) CheckAdmin(token string, present bool) error {
 	switch {
 	case present && a.isAdmin(token):

@@ -174,7 +174,7 @@ slurm-e2e: build ## Single-node Slurm, then the sbatch recipe of docs/slurm.md o
 
 # ui-check: the status page in a real browser (Debian's chromium, installed
 # when missing). Screenshots and DOM dumps go to .cache/ui-check/.
-ui-check: build ## Load the status page of a live run in headless Chromium; save screenshots (about 20 s).
+ui-check: build ## Load the status page in headless Chromium (a run through its deadline, one with a lagging rank, a silent worker and a failed snapshot, one past B); check the lanes and flags; save screenshots (about 30 s).
 	scripts/ensure-debs.sh chromium
 	./bin/snapuicheck --snapcoord bin/snapcoord --out .cache/ui-check
 

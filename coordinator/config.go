@@ -63,6 +63,10 @@ type Config struct {
 	TLSKey         string
 	ClientCA       string // requires client certificates (mutual TLS)
 	Reflection     Reflection
+	// ViewerTokenFile holds viewer tokens, re-read on change like
+	// AdminTokenFile: they open the status page (HTTP basic auth) and
+	// nothing on the gRPC API.
+	ViewerTokenFile string
 	// Insecure accepts an open status page on a non-loopback MetricsListen.
 	Insecure bool
 	// CredentialsCheckInterval is how often the token and TLS files are
@@ -203,11 +207,11 @@ func (c Config) ReflectionAccess() (serve, open bool) {
 }
 
 // StatusPageAllowed applies RunService's exposure rule to the status page:
-// with no admin token it is open, so it is served only on a loopback
-// MetricsListen, unless Insecure says an open page is meant. (/metrics
-// itself stays open, as Prometheus scrapes it.)
-func (c Config) StatusPageAllowed(adminTokens int) bool {
-	return adminTokens > 0 || c.Insecure || loopback.Is(c.MetricsListen)
+// with no admin or viewer token (tokens counts both) it is open, so it is
+// served only on a loopback MetricsListen, unless Insecure says an open
+// page is meant. (/metrics itself stays open, as Prometheus scrapes it.)
+func (c Config) StatusPageAllowed(tokens int) bool {
+	return tokens > 0 || c.Insecure || loopback.Is(c.MetricsListen)
 }
 
 // Reachable reports whether a listening address is one a client can dial:

@@ -27,6 +27,7 @@ import (
 	"github.com/snapcoord/snapcoord/server/engine"
 	"github.com/snapcoord/snapcoord/server/grpcserver"
 	"github.com/snapcoord/snapcoord/server/leader"
+	"github.com/snapcoord/snapcoord/server/statuspage"
 	"github.com/snapcoord/snapcoord/server/telemetry"
 	"github.com/snapcoord/snapcoord/store"
 )
@@ -48,8 +49,10 @@ type Coordinator struct {
 	authn *auth.Authenticator
 	tlsr  *auth.TLSReloader // nil without TLS
 	srv   *grpcserver.Server
-	// adminTokens is how many admin tokens there were at start.
-	adminTokens int
+	// adminTokens and viewerTokens are how many there were at start.
+	adminTokens, viewerTokens int
+	// rankSteps records each trainer rank's last step for the status page.
+	rankSteps *statuspage.RankSteps
 
 	// undo releases, in reverse, what New and Start acquired.
 	undo   []func()

@@ -10,7 +10,7 @@ import (
 	"github.com/snapcoord/snapcoord/server/telemetry"
 )
 
-// credentialReloader re-reads the admin token file and the TLS files when
+// credentialReloader re-reads the admin and viewer token files and the TLS files when
 // they change, so that a rotation needs no restart. Checking is a stat of
 // each file (cheap: no read unless something changed) at every
 // CredentialsCheckInterval, and a value on ReloadSignals (SIGHUP) reloads
@@ -30,11 +30,13 @@ type credentialReloader struct {
 func newCredentialReloader(cfg Config, authn *auth.Authenticator, tlsr *auth.TLSReloader, log *slog.Logger, tel *telemetry.Telemetry) *credentialReloader {
 	r := &credentialReloader{cfg: cfg, authn: authn, tls: tlsr, log: log, tel: tel, seen: map[string]os.FileInfo{}}
 	r.changed(r.tokenFiles())
+	r.changed(r.viewerFiles())
 	r.changed(r.tlsFiles())
 	return r
 }
 
-func (r *credentialReloader) tokenFiles() []string { return nonEmpty(r.cfg.AdminTokenFile) }
+func (r *credentialReloader) tokenFiles() []string  { return nonEmpty(r.cfg.AdminTokenFile) }
+func (r *credentialReloader) viewerFiles() []string { return nonEmpty(r.cfg.ViewerTokenFile) }
 func (r *credentialReloader) tlsFiles() []string {
 	return nonEmpty(r.cfg.TLSCert, r.cfg.TLSKey, r.cfg.ClientCA)
 }
@@ -80,6 +82,11 @@ func (r *credentialReloader) check(force bool) {
 			r.log.Error("admin tokens not reloaded; the previous ones stay valid", "file", r.cfg.AdminTokenFile, "err", err)
 		}
 	}
+	if files := r.viewerFiles(); (r.changed(files) || force) && len(files) > 0 {
+		if err := r.reloadViewers(); err != nil {
+			r.log.Error("viewer tokens not reloaded; the previous ones stay valid", "file", r.cfg.ViewerTokenFile, "err", err)
+		}
+	}
 	if files := r.tlsFiles(); (r.changed(files) || force) && r.tls != nil {
 		err := r.tls.Reload()
 		r.tel.CredentialsReloaded(telemetry.CredentialsTLS, err)
@@ -112,6 +119,18 @@ func (r *credentialReloader) reloadTokens() error {
 		return err
 	}
 	r.log.Info("credentials reloaded", "what", "admin_tokens", "admin_tokens", len(tokens))
+	return nil
+}
+
+func (r *credentialReloader) reloadViewers() error {
+	tokens, err := ViewerTokens(r.cfg)
+	if err != nil {
+		return err
+	}
+	if err := r.authn.SetViewerTokens(tokens); err != nil {
+		return err
+	}
+	r.log.Info("credentials reloaded", "what", "viewer_tokens", "viewer_tokens", len(tokens))
 	return nil
 }
 

@@ -41,14 +41,27 @@ func AdminTokens(cfg Config) ([]string, error) {
 	return tokens, nil
 }
 
+// ViewerTokens reads cfg.ViewerTokenFile; none without one.
+func ViewerTokens(cfg Config) ([]string, error) {
+	if cfg.ViewerTokenFile == "" {
+		return nil, nil
+	}
+	return auth.ReadViewerTokens(cfg.ViewerTokenFile)
+}
+
 // buildServer puts authentication, TLS and telemetry around the engine.
 func (c *Coordinator) buildServer() error {
 	tokens, err := AdminTokens(c.cfg)
 	if err != nil {
 		return err
 	}
+	viewers, err := ViewerTokens(c.cfg)
+	if err != nil {
+		return err
+	}
 	serveReflection, openReflection := c.cfg.ReflectionAccess()
-	if c.authn, err = auth.New(auth.Options{AdminTokens: tokens, Runs: c.gate, OpenReflection: openReflection}); err != nil {
+	c.rankSteps = statuspage.NewRankSteps(nil)
+	if c.authn, err = auth.New(auth.Options{AdminTokens: tokens, ViewerTokens: viewers, Runs: c.gate, OpenReflection: openReflection}); err != nil {
 		return err
 	}
 	if c.cfg.TLSCert != "" {
@@ -57,7 +70,7 @@ func (c *Coordinator) buildServer() error {
 		}
 		reportExpiry(c.tel, c.tlsr)
 	}
-	c.adminTokens = len(tokens)
+	c.adminTokens, c.viewerTokens = len(tokens), len(viewers)
 	c.logSecurity(serveReflection, openReflection)
 	if c.srv, err = grpcserver.New(c.serverConfig(serveReflection), c.gate, c.log); err != nil {
 		return err
@@ -74,8 +87,9 @@ func (c *Coordinator) buildServer() error {
 // validation, recovery), in go-grpc-middleware's examples/server order: the
 // otelgrpc stats handler sees everything, then logging (so a refused call
 // is logged with its code), then the follower gate (before authentication,
-// which needs the leader's engine for run tokens), then authentication.
-// Test hooks go outermost.
+// which needs the leader's engine for run tokens), then authentication,
+// then the status page's record of each rank's step (authenticated calls
+// only). Test hooks go outermost.
 func (c *Coordinator) serverConfig(serveReflection bool) grpcserver.Config {
 	opts := []grpc.ServerOption{grpc.StatsHandler(c.tel.StatsHandler())}
 	if c.tlsr != nil {
@@ -93,7 +107,8 @@ func (c *Coordinator) serverConfig(serveReflection bool) grpcserver.Config {
 		KeepaliveTimeout:         c.cfg.KeepaliveTimeout,
 		DisableReflection:        !serveReflection,
 		UnaryInterceptors: append(append([]grpc.UnaryServerInterceptor{}, hooks.UnaryInterceptors...),
-			telemetry.RPCLoggingUnary(c.log), c.gate.UnaryServerInterceptor(), c.authn.UnaryServerInterceptor()),
+			telemetry.RPCLoggingUnary(c.log), c.gate.UnaryServerInterceptor(), c.authn.UnaryServerInterceptor(),
+			c.rankSteps.UnaryServerInterceptor()),
 		StreamInterceptors: append(append([]grpc.StreamServerInterceptor{}, hooks.StreamInterceptors...),
 			telemetry.RPCLoggingStream(c.log), c.gate.StreamServerInterceptor(), c.authn.StreamServerInterceptor()),
 		ServerOptions: append(opts, hooks.ServerOptions...),
@@ -116,7 +131,7 @@ func (c *Coordinator) logSecurity(serveReflection, openReflection bool) {
 			reflectionMode = auth.Open.String()
 		}
 	}
-	c.log.Info("security", "admin_tokens", nAdminTokens, "tls", tlsMode, "reflection", reflectionMode,
+	c.log.Info("security", "admin_tokens", nAdminTokens, "viewer_tokens", c.viewerTokens, "tls", tlsMode, "reflection", reflectionMode,
 		"traces_exported", c.tel.TracesExported())
 	if nAdminTokens == 0 {
 		c.log.Warn("no admin token configured: RunService is open to anyone who can connect")
@@ -129,10 +144,11 @@ func (c *Coordinator) logSecurity(serveReflection, openReflection bool) {
 // MetricsListen until release.
 func (c *Coordinator) startMetrics() error {
 	var page http.Handler
-	if c.cfg.StatusPageAllowed(c.adminTokens) {
-		page = statuspage.New(statuspage.Options{Runs: c.gate, Admit: c.authn, Logger: c.log})
+	if c.cfg.StatusPageAllowed(c.adminTokens + c.viewerTokens) {
+		page = statuspage.New(statuspage.Options{Runs: c.gate, Admit: c.authn, Logger: c.log,
+			LeaseTTL: c.cfg.LeaseTTL, Steps: c.rankSteps})
 	} else {
-		c.log.Warn("status page off: no admin token is configured and --metrics-listen is not loopback; configure an admin token or pass --insecure")
+		c.log.Warn("status page off: no admin or viewer token is configured and --metrics-listen is not loopback; configure one or pass --insecure")
 	}
 	if c.cfg.MetricsListen == "" {
 		return nil

@@ -65,11 +65,12 @@ func newServeFlags(cfg *serveConfig) *flag.FlagSet {
 	fs.TextVar(&cfg.logLevel, "log-level", slog.LevelInfo, "log `level`: debug, info, warn or error")
 
 	fs.StringVar(&c.AdminTokenFile, "admin-token-file", def.AdminTokenFile, "`file` of admin tokens for RunService, one per line (several for rotation); with none here or in "+adminTokenEnv+", RunService is open")
+	fs.StringVar(&c.ViewerTokenFile, "viewer-token-file", def.ViewerTokenFile, "`file` of viewer tokens, one per line: read-only access to the status page (HTTP basic auth, the token as password); refused by the gRPC API")
 	fs.BoolVar(&c.Insecure, "insecure", def.Insecure, "allow listening on a non-loopback address with no admin token (RunService open to anyone who can connect), or --pprof on a non-loopback --metrics-listen")
 	fs.StringVar(&c.TLSCert, "tls-cert", def.TLSCert, "PEM certificate `file` for TLS (with --tls-key)")
 	fs.StringVar(&c.TLSKey, "tls-key", def.TLSKey, "PEM private key `file` for TLS (with --tls-cert)")
 	fs.StringVar(&c.ClientCA, "client-ca", def.ClientCA, "PEM CA `file`: require client certificates signed by it (mutual TLS; needs --tls-cert)")
-	fs.DurationVar(&c.CredentialsCheckInterval, "credentials-check-interval", def.CredentialsCheckInterval, "how often --admin-token-file, --tls-cert, --tls-key and --client-ca are checked for changes and reloaded (0: only on SIGHUP, which always reloads them)")
+	fs.DurationVar(&c.CredentialsCheckInterval, "credentials-check-interval", def.CredentialsCheckInterval, "how often --admin-token-file, --viewer-token-file, --tls-cert, --tls-key and --client-ca are checked for changes and reloaded (0: only on SIGHUP, which always reloads them)")
 	fs.StringVar((*string)(&c.Reflection), "reflection", string(def.Reflection), "server reflection: open, auth (admin token), off, or auto (open on a loopback --listen, auth otherwise)")
 
 	fs.StringVar(&c.MetricsListen, "metrics-listen", def.MetricsListen, "HTTP `address` serving Prometheus /metrics (and /debug/pprof/ with --pprof); empty disables it")
@@ -256,6 +257,6 @@ environment:
 
 signals:
   SIGINT, SIGTERM  drain in-flight calls, then stop
-  SIGHUP           reload --admin-token-file, --tls-cert, --tls-key and --client-ca
+  SIGHUP           reload --admin-token-file, --viewer-token-file, --tls-cert, --tls-key and --client-ca
 `, adminTokenEnv)
 }

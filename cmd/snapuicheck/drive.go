@@ -29,6 +29,18 @@ func bearer(ctx context.Context, token string) context.Context {
 	return metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+token)
 }
 
+// turnSpec is a turn-level run of world ranks due within budget, with an
+// interval snapshot every 2 s, M 2 s and priors C (ckpt seconds) and R 1 s.
+func turnSpec(world int32, budget string, ckpt float64) *v1.RunSpec {
+	return &v1.RunSpec{
+		TrainerWorldSize:     world,
+		Checkpointing:        &v1.CheckpointingSpec{CheckpointMustSaveBy: budget},
+		RolloutCheckpointing: &v1.RolloutCheckpointingSpec{SnapshotAttemptIntervalS: proto.Int32(2)},
+		RolloutRecovery:      &v1.RolloutRecoverySpec{TargetLevel: v1.TargetLevel_TARGET_LEVEL_TURN},
+		Reserve:              &v1.ReserveSpec{MarginSeconds: 2, ExpectedCheckpointSeconds: proto.Float64(ckpt), ExpectedSnapshotSeconds: proto.Float64(1)},
+	}
+}
+
 // driveRun plays the run until it is STOPPED.
 func driveRun(ctx context.Context, addr, runID string) error {
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -38,13 +50,7 @@ func driveRun(ctx context.Context, addr, runID string) error {
 	defer conn.Close()
 	runs, workers := v1.NewRunServiceClient(conn), v1.NewWorkerServiceClient(conn)
 	admin := bearer(ctx, adminToken)
-	created, err := runs.CreateRun(admin, &v1.CreateRunRequest{RunId: runID, Spec: &v1.RunSpec{
-		TrainerWorldSize:     1,
-		Checkpointing:        &v1.CheckpointingSpec{CheckpointMustSaveBy: budget},
-		RolloutCheckpointing: &v1.RolloutCheckpointingSpec{SnapshotAttemptIntervalS: proto.Int32(2)},
-		RolloutRecovery:      &v1.RolloutRecoverySpec{TargetLevel: v1.TargetLevel_TARGET_LEVEL_TURN},
-		Reserve:              &v1.ReserveSpec{MarginSeconds: 2, ExpectedCheckpointSeconds: proto.Float64(2), ExpectedSnapshotSeconds: proto.Float64(1)},
-	}})
+	created, err := runs.CreateRun(admin, &v1.CreateRunRequest{RunId: runID, Spec: turnSpec(1, budget, 2)})
 	if err != nil {
 		return fmt.Errorf("CreateRun: %w", err)
 	}

@@ -1,8 +1,12 @@
 // Command snapuicheck is `make ui-check`: it starts a real coordinator,
 // drives a small run through its deadline (one trainer rank, one
-// environment worker answering interval and deadline snapshots), then loads
-// the status page in headless Chromium, saves screenshots of the run list
-// and of the run's timeline, and checks the page's DOM.
+// environment worker answering interval and deadline snapshots), then
+// keeps a live run going with a rank that fell behind, an environment
+// worker gone silent and a failed snapshot, beside a run left pending past
+// its B. It loads the status page in headless Chromium with a viewer
+// token, saves screenshots, and checks what the browser rendered: the
+// worker lanes and their flags, decisions newest first, the past-B flag,
+// and the failed snapshot's red in the screenshot's pixels.
 package main
 
 import (
@@ -20,8 +24,12 @@ import (
 	"github.com/snapcoord/snapcoord/internal/coordproc"
 )
 
-// adminToken is this check's own: the page is checked with auth on.
-const adminToken = "ui-check-0123456789abcdef0123456789"
+// adminToken and viewerToken are this check's own: the page is checked
+// with auth on, through the credential a browser is meant to hold.
+const (
+	adminToken  = "ui-check-0123456789abcdef0123456789"
+	viewerToken = "ui-view-0123456789abcdef01234567890"
+)
 
 func main() {
 	snapcoord := flag.String("snapcoord", "bin/snapcoord", "the snapcoord `binary`")
@@ -47,10 +55,15 @@ func check(ctx context.Context, snapcoord, chromium, out string) error {
 		return err
 	}
 	defer os.RemoveAll(work)
+	viewers := filepath.Join(work, "viewer-tokens")
+	if err := os.WriteFile(viewers, []byte(viewerToken+"\n"), 0o600); err != nil {
+		return err
+	}
 	c, err := coordproc.Start(ctx, coordproc.Config{
 		Bin: snapcoord, DataDir: filepath.Join(work, "data"), LogPath: filepath.Join(work, "coordinator.log"), Metrics: true,
-		Env:  []string{"SNAPCOORD_ADMIN_TOKEN=" + adminToken},
-		Args: []string{"--log-format", "json", "--heartbeat-interval", "1s", "--lease-ttl", "5s"},
+		Env: []string{"SNAPCOORD_ADMIN_TOKEN=" + adminToken},
+		Args: []string{"--log-format", "json", "--heartbeat-interval", "1s", "--lease-ttl", "5s",
+			"--viewer-token-file", viewers},
 	})
 	if err != nil {
 		return err
@@ -60,25 +73,21 @@ func check(ctx context.Context, snapcoord, chromium, out string) error {
 	if err := driveRun(ctx, c.Addr, "ui-check"); err != nil {
 		return fmt.Errorf("drive the run: %w\ncoordinator log:\n%s", err, c.Tail(40))
 	}
+	stop, err := liveRuns(ctx, c.Addr)
+	if err != nil {
+		return fmt.Errorf("the live runs: %w\ncoordinator log:\n%s", err, c.Tail(40))
+	}
+	defer stop()
 	// Basic auth in the URL is how a headless browser can send it; the
 	// page itself never takes the token from the URL.
-	base := fmt.Sprintf("http://ui:%s@%s", adminToken, c.MetricsAddr)
+	base := fmt.Sprintf("http://ui:%s@%s", viewerToken, c.MetricsAddr)
 	b := browser{bin: chromium, profile: filepath.Join(work, "chromium")}
-	for _, p := range []struct{ path, name, size string }{
-		{"/runs/ui-check", "run", "1200,1250"},
-		{"/", "runs", "1200,500"},
-	} {
-		if err := b.check(ctx, base+p.path, filepath.Join(out, p.name), p.size, wantInDOM[p.name]); err != nil {
+	for _, p := range pagesToCheck {
+		if err := b.check(ctx, base+p.path, filepath.Join(out, p.name), p.size, p.checks); err != nil {
 			return fmt.Errorf("%s: %w", p.path, err)
 		}
 	}
 	return nil
-}
-
-// wantInDOM is what each page must contain once Chromium rendered it.
-var wantInDOM = map[string][]string{
-	"run":  {"snapcoord run ui-check", "stopped", `id="timeline"`, `id="line-B"`, `id="line-fired"`, "save-and-stop", `class="snapshot saved reason-deadline"`, `class="checkpoint"`},
-	"runs": {"snapcoord runs", `href="/runs/ui-check"`, "stopped"},
 }
 
 // browser is headless Chromium with a throwaway profile and nothing that
@@ -102,7 +111,7 @@ func (b browser) run(ctx context.Context, args ...string) ([]byte, error) {
 }
 
 // check saves name.png and name.html of url and checks both.
-func (b browser) check(ctx context.Context, url, name, size string, want []string) error {
+func (b browser) check(ctx context.Context, url, name, size string, checks []pageCheck) error {
 	png := name + ".png"
 	_ = os.Remove(png)
 	if _, err := b.run(ctx, "--window-size="+size, "--screenshot="+png, url); err != nil {
@@ -124,9 +133,13 @@ func (b browser) check(ctx context.Context, url, name, size string, want []strin
 	if err := os.WriteFile(name+".html", dom, 0o644); err != nil {
 		return err
 	}
-	for _, w := range want {
-		if !bytes.Contains(dom, []byte(w)) {
-			return fmt.Errorf("the rendered page lacks %q (DOM in %s.html)", w, name)
+	shot, err := decodePNG(img)
+	if err != nil {
+		return fmt.Errorf("screenshot %s: %w", png, err)
+	}
+	for _, c := range checks {
+		if err := c(string(dom), shot); err != nil {
+			return fmt.Errorf("%w (DOM in %s.html, screenshot %s)", err, name, png)
 		}
 	}
 	log.Printf("%s: %d-byte screenshot %s, DOM checked", url[strings.Index(url, "@")+1:], len(img), png)

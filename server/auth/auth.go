@@ -7,6 +7,10 @@
 // be the token's run. Health is always open; reflection is open or needs an
 // admin token, as configured.
 //
+// A third kind, viewer tokens, opens nothing on the gRPC API: only the
+// read-only status page on the metrics listener (CheckViewer), so that a
+// browser can be given a credential that cannot change a run.
+//
 // Authentication is one go-grpc-middleware auth interceptor behind a
 // selector that matches full method names from a table. The API's methods
 // get the credential their proto declares (the rpc option's credential,
@@ -82,6 +86,9 @@ type Options struct {
 	// OpenReflection lets anyone use server reflection; otherwise it is an
 	// admin method.
 	OpenReflection bool
+	// ViewerTokens open the status page only (CheckViewer); the gRPC API
+	// refuses them.
+	ViewerTokens []string
 }
 
 // Authenticator holds the method table and the admin token digests.
@@ -90,7 +97,9 @@ type Authenticator struct {
 	// admin is swapped whole by SetAdminTokens, so a reload never shows a
 	// call half of the old list and half of the new.
 	admin atomic.Pointer[[][sha256.Size]byte]
-	runs  RunResolver
+	// viewer is swapped whole by SetViewerTokens, as admin is.
+	viewer atomic.Pointer[[][sha256.Size]byte]
+	runs   RunResolver
 }
 
 // New builds an Authenticator. Admin tokens are kept only as digests.
@@ -100,6 +109,9 @@ func New(opts Options) (*Authenticator, error) {
 	}
 	a := &Authenticator{methods: map[string]Access{}, runs: opts.Runs}
 	if err := a.SetAdminTokens(opts.AdminTokens); err != nil {
+		return nil, err
+	}
+	if err := a.SetViewerTokens(opts.ViewerTokens); err != nil {
 		return nil, err
 	}
 	for _, m := range rpcfacts.All() {
@@ -127,14 +139,24 @@ func declaredAccess(c v1.Credential) Access {
 // calls authenticated from now on use the new list. On error the old list
 // stays.
 func (a *Authenticator) SetAdminTokens(tokens []string) error {
+	return setDigests(&a.admin, "admin", tokens)
+}
+
+// SetViewerTokens replaces the viewer tokens, as SetAdminTokens the admin
+// tokens.
+func (a *Authenticator) SetViewerTokens(tokens []string) error {
+	return setDigests(&a.viewer, "viewer", tokens)
+}
+
+func setDigests(to *atomic.Pointer[[][sha256.Size]byte], kind string, tokens []string) error {
 	digests := make([][sha256.Size]byte, 0, len(tokens))
 	for i, tok := range tokens {
 		if tok == "" || strings.ContainsAny(tok, " \t\r\n") {
-			return fmt.Errorf("auth: admin token %d is empty or contains whitespace", i+1)
+			return fmt.Errorf("auth: %s token %d is empty or contains whitespace", kind, i+1)
 		}
 		digests = append(digests, sha256.Sum256([]byte(tok)))
 	}
-	a.admin.Store(&digests)
+	to.Store(&digests)
 	return nil
 }
 
@@ -198,6 +220,12 @@ var (
 	errBadRun        = status.Error(codes.Unauthenticated, "invalid run token")
 	errRunOnAdmin    = status.Error(codes.PermissionDenied, "a run token cannot call RunService: use an admin token")
 	errAdminOnWorker = status.Error(codes.PermissionDenied, "an admin token cannot call WorkerService: use the run's token")
+	errViewerOnAPI   = status.Error(codes.PermissionDenied, "a viewer token opens only the status page: use an admin token (RunService) or the run's token (WorkerService)")
+	// The status page's refusals: its caller is a browser or curl, not a
+	// gRPC client, so they speak of basic auth.
+	errPageMissing = status.Error(codes.Unauthenticated, "missing credentials: a viewer or admin token as the password of HTTP basic auth (any user name), or as \"Authorization: Bearer <token>\"")
+	errBadViewer   = status.Error(codes.Unauthenticated, "invalid viewer or admin token")
+	errRunOnPage   = status.Error(codes.PermissionDenied, "a run token cannot open the status page: use a viewer or admin token")
 )
 
 // authenticate is the go-grpc-middleware AuthFunc. For run-token methods it
@@ -215,8 +243,11 @@ func (a *Authenticator) authenticate(ctx context.Context) (context.Context, erro
 		}
 		run, ok := a.runs.RunForToken(token)
 		if !ok {
-			if a.isAdmin(token) {
+			switch {
+			case a.isAdmin(token):
 				return nil, errAdminOnWorker
+			case a.isViewer(token):
+				return nil, errViewerOnAPI
 			}
 			return nil, errBadRun
 		}
@@ -233,13 +264,18 @@ func (a *Authenticator) authenticate(ctx context.Context) (context.Context, erro
 
 // CheckAdmin applies RunService's rule to a bearer token (present false:
 // none was sent). The error is a gRPC status: Unauthenticated or
-// PermissionDenied. The status page on the metrics listener uses it too.
+// PermissionDenied. A viewer token gets PermissionDenied: it opens only
+// the status page (CheckViewer).
 func (a *Authenticator) CheckAdmin(token string, present bool) error {
 	switch {
 	case present && a.isAdmin(token):
 		return nil
 	case present && a.isRunToken(token):
 		return errRunOnAdmin
+	case present && a.isViewer(token):
+		// Refused even with no admin token configured: a viewer token is
+		// meant to change nothing, wherever it is sent.
+		return errViewerOnAPI
 	case !a.AdminRequired():
 		// Development mode: RunService is open, and any other credential
 		// (say, a client's admin token for another coordinator) is
@@ -252,12 +288,40 @@ func (a *Authenticator) CheckAdmin(token string, present bool) error {
 	}
 }
 
-// isAdmin compares the token's digest with every admin digest in constant
-// time, without stopping at the first match.
-func (a *Authenticator) isAdmin(token string) bool {
+// CheckViewer is the status page's rule: a viewer or an admin token (a run
+// token gets PermissionDenied). With neither kind configured the page is
+// open, as RunService is.
+func (a *Authenticator) CheckViewer(token string, present bool) error {
+	switch {
+	case present && (a.isAdmin(token) || a.isViewer(token)):
+		return nil
+	case present && a.isRunToken(token):
+		return errRunOnPage
+	case !a.ViewerRequired():
+		return nil
+	case !present:
+		return errPageMissing
+	default:
+		return errBadViewer
+	}
+}
+
+// ViewerRequired reports whether the status page needs a credential: some
+// admin or viewer token is configured.
+func (a *Authenticator) ViewerRequired() bool {
+	return a.AdminRequired() || len(*a.viewer.Load()) > 0
+}
+
+func (a *Authenticator) isAdmin(token string) bool { return matches(a.admin.Load(), token) }
+
+func (a *Authenticator) isViewer(token string) bool { return matches(a.viewer.Load(), token) }
+
+// matches compares the token's digest with every digest in constant time,
+// without stopping at the first match.
+func matches(digests *[][sha256.Size]byte, token string) bool {
 	d := sha256.Sum256([]byte(token))
 	match := 0
-	for _, digest := range *a.admin.Load() {
+	for _, digest := range *digests {
 		match |= subtle.ConstantTimeCompare(d[:], digest[:])
 	}
 	return match == 1

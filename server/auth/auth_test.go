@@ -319,3 +319,57 @@ func TestReadAdminTokens(t *testing.T) {
 		t.Error("missing file: no error")
 	}
 }
+
+const viewerV = "viewer-token-vvvvvvvvvvvvvvvv"
+
+// A viewer token opens no RPC, unary or streaming, on either service, even
+// with no admin token configured (RunService otherwise open); the status
+// page's rule admits it, and an admin token, and refuses a run token.
+func TestViewerTokenOpensOnlyThePage(t *testing.T) {
+	for _, admins := range [][]string{{adminA}, nil} {
+		opts := Options{AdminTokens: admins, ViewerTokens: []string{viewerV}}
+		c := serve(t, opts)
+		ctx := withAuth(t.Context(), bearerOf(viewerV))
+		_, err := c.runs.GetRun(ctx, &v1.GetRunRequest{RunId: "run-a"})
+		wantCode(t, fmt.Sprintf("GetRun, %d admin tokens", len(admins)), err, codes.PermissionDenied, viewerV)
+		stream, err := c.runs.WatchRun(ctx, &v1.WatchRunRequest{RunId: "run-a"})
+		if err == nil {
+			_, err = stream.Recv()
+		}
+		wantCode(t, "WatchRun", err, codes.PermissionDenied, viewerV)
+		_, err = c.workers.Heartbeat(ctx, &v1.HeartbeatRequest{RunId: "run-a", WorkerId: "w"})
+		wantCode(t, "Heartbeat", err, codes.PermissionDenied, viewerV)
+
+		a, err := New(Options{AdminTokens: admins, ViewerTokens: []string{viewerV}, Runs: testRuns})
+		if err != nil {
+			t.Fatal(err)
+		}
+		adminGets := codes.OK // an admin token, when admin tokens are configured
+		if len(admins) == 0 {
+			adminGets = codes.Unauthenticated // an unknown token, then
+		}
+		for _, tc := range []struct {
+			token   string
+			present bool
+			want    codes.Code
+		}{
+			{"", false, codes.Unauthenticated},
+			{"garbage-garbage-garbage", true, codes.Unauthenticated},
+			{viewerV, true, codes.OK},
+			{adminA, true, adminGets},
+			{tokRunA, true, codes.PermissionDenied},
+		} {
+			if got := status.Code(a.CheckViewer(tc.token, tc.present)); got != tc.want {
+				t.Errorf("CheckViewer(%q), %d admin tokens: %v, want %v", tc.token, len(admins), got, tc.want)
+			}
+		}
+	}
+	// With neither kind configured the page is open, as RunService is.
+	a, err := New(Options{Runs: testRuns})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.CheckViewer("", false); err != nil {
+		t.Errorf("CheckViewer with no token configured: %v, want open", err)
+	}
+}

@@ -6,7 +6,6 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
-	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -22,9 +21,20 @@ const MinAdminTokenLength = 16
 // whitespace ignored, blank lines and lines starting with # skipped. Several
 // tokens are all valid, for rotation. Errors name lines, never tokens.
 func ReadAdminTokens(path string) ([]string, error) {
+	return readTokens(path, "admin", "an admin token")
+}
+
+// ReadViewerTokens reads viewer tokens from a file, by ReadAdminTokens'
+// rules.
+func ReadViewerTokens(path string) ([]string, error) {
+	return readTokens(path, "viewer", "a viewer token")
+}
+
+// readTokens reads a token file; kind and noun name its tokens in errors.
+func readTokens(path, kind, noun string) ([]string, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("read admin token file: %w", err)
+		return nil, fmt.Errorf("read %s token file: %w", kind, err)
 	}
 	var tokens []string
 	sc := bufio.NewScanner(bytes.NewReader(data))
@@ -33,27 +43,31 @@ func ReadAdminTokens(path string) ([]string, error) {
 		if tok == "" || strings.HasPrefix(tok, "#") {
 			continue
 		}
-		if err := CheckAdminToken(tok); err != nil {
-			return nil, fmt.Errorf("admin token file %s, line %d: %w", path, line, err)
+		if err := checkToken(tok, noun); err != nil {
+			return nil, fmt.Errorf("%s token file %s, line %d: %w", kind, path, line, err)
 		}
 		tokens = append(tokens, tok)
 	}
 	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("read admin token file %s: %w", path, err)
+		return nil, fmt.Errorf("read %s token file %s: %w", kind, path, err)
 	}
 	if len(tokens) == 0 {
-		return nil, fmt.Errorf("admin token file %s holds no token", path)
+		return nil, fmt.Errorf("%s token file %s holds no token", kind, path)
 	}
 	return tokens, nil
 }
 
 // CheckAdminToken rejects tokens that are too short or contain whitespace.
-func CheckAdminToken(tok string) error {
+func CheckAdminToken(tok string) error { return checkToken(tok, "an admin token") }
+
+// checkToken applies the admin token rules to a token of any kind, named
+// by noun: a guessable viewer token would show every run to anyone.
+func checkToken(tok, noun string) error {
 	switch {
 	case strings.ContainsAny(tok, " \t\r\n"):
-		return errors.New("an admin token must not contain whitespace")
+		return fmt.Errorf("%s must not contain whitespace", noun)
 	case len(tok) < MinAdminTokenLength:
-		return fmt.Errorf("an admin token must be at least %d characters long (try: openssl rand -hex 32)", MinAdminTokenLength)
+		return fmt.Errorf("%s must be at least %d characters long (try: openssl rand -hex 32)", noun, MinAdminTokenLength)
 	}
 	return nil
 }

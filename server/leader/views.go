@@ -78,6 +78,14 @@ func (g *Gate) WatchRun(ctx context.Context, req *v1.WatchRunRequest, send func(
 	return g.notLeading()
 }
 
+// ListWorkers is the current engine's (statuspage.Runs).
+func (g *Gate) ListWorkers(ctx context.Context, req *v1.ListWorkersRequest) (*v1.ListWorkersResponse, error) {
+	if e := g.Current(); e != nil {
+		return e.ListWorkers(ctx, req)
+	}
+	return nil, g.notLeading()
+}
+
 // ListSnapshots is the current engine's (statuspage.Runs).
 func (g *Gate) ListSnapshots(ctx context.Context, req *v1.ListSnapshotsRequest) (*v1.ListSnapshotsResponse, error) {
 	if e := g.Current(); e != nil {

@@ -6,7 +6,8 @@
 // refreshes itself with a meta refresh and needs no JavaScript.
 //
 // It reads through the same engine methods RunService serves, and admits
-// callers by RunService's rule: an admin token when any is configured.
+// a viewer or admin token (HTTP basic auth's password, or a bearer token)
+// when any is configured.
 package statuspage
 
 import (
@@ -33,12 +34,14 @@ type Runs interface {
 	GetRun(ctx context.Context, req *v1.GetRunRequest) (*v1.GetRunResponse, error)
 	WatchRun(ctx context.Context, req *v1.WatchRunRequest, send func(*v1.RunEvent) error) error
 	ListSnapshots(ctx context.Context, req *v1.ListSnapshotsRequest) (*v1.ListSnapshotsResponse, error)
+	ListWorkers(ctx context.Context, req *v1.ListWorkersRequest) (*v1.ListWorkersResponse, error)
 }
 
-// Admitter applies RunService's rule to a bearer token; *auth.Authenticator
-// is one. The error is a gRPC status (Unauthenticated, PermissionDenied).
+// Admitter applies the page's rule to a token (a viewer or admin token,
+// when any is configured); *auth.Authenticator is one. The error is a gRPC
+// status (Unauthenticated, PermissionDenied).
 type Admitter interface {
-	CheckAdmin(token string, present bool) error
+	CheckViewer(token string, present bool) error
 }
 
 // Options configure the page.
@@ -49,6 +52,12 @@ type Options struct {
 	Logger *slog.Logger
 	// Refresh is the meta refresh interval; default 5 s.
 	Refresh time.Duration
+	// LeaseTTL is the coordinator's --lease-ttl: a worker's last heartbeat
+	// is its lease's end minus it. 0: the page shows the lease's end.
+	LeaseTTL time.Duration
+	// Steps, when set, gives each trainer rank's last step (fed by its
+	// interceptor); without it ranks show none and none is flagged behind.
+	Steps *RankSteps
 }
 
 // Page is the status page's http.Handler: "/" lists the runs, "/runs/{id}"
@@ -78,7 +87,7 @@ func New(opts Options) *Page {
 // ServeHTTP admits the caller, then serves the page.
 func (p *Page) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	token, present := credential(r)
-	if err := p.opts.Admit.CheckAdmin(token, present); err != nil {
+	if err := p.opts.Admit.CheckViewer(token, present); err != nil {
 		refuse(w, err)
 		return
 	}
@@ -87,7 +96,7 @@ func (p *Page) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	p.mux.ServeHTTP(w, r)
 }
 
-// credential reads an admin token from "Authorization: Bearer <token>"
+// credential reads a viewer or admin token from "Authorization: Bearer <token>"
 // (curl, scripts) or from HTTP basic auth's password, any user name (a
 // browser asks for it once and keeps it for the session). Never from the
 // URL: URLs end up in logs and browser history.
@@ -113,7 +122,7 @@ func refuse(w http.ResponseWriter, err error) {
 		http.Error(w, status.Convert(err).Message(), http.StatusForbidden)
 		return
 	}
-	w.Header().Set("WWW-Authenticate", `Basic realm="snapcoord status: any user name, an admin token as password", charset="UTF-8"`)
+	w.Header().Set("WWW-Authenticate", `Basic realm="snapcoord status: any user name, a viewer token as password", charset="UTF-8"`)
 	http.Error(w, status.Convert(err).Message(), http.StatusUnauthorized)
 }
 
@@ -150,7 +159,14 @@ func (p *Page) run(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	now := p.opts.Now()
-	p.render(w, "run", runData{header: p.header("snapcoord run "+id, now), Run: summarize(tl.run, now), Timeline: tl.draw(now)})
+	data := runData{header: p.header("snapcoord run "+id, now), Run: summarize(tl.run, now), Timeline: tl.draw(now),
+		Workers: tl.workerRows(now, p.opts.LeaseTTL, p.opts.Steps), MoreWorkers: len(tl.workers) >= maxWorkers}
+	for _, wr := range data.Workers {
+		if len(wr.Flags) > 0 {
+			data.Flagged = append(data.Flagged, wr.Name+": "+strings.Join(wr.Flags, "; "))
+		}
+	}
+	p.render(w, "run", data)
 }
 
 func (p *Page) fail(w http.ResponseWriter, err error) {
@@ -195,8 +211,11 @@ type indexData struct {
 
 type runData struct {
 	header
-	Run      runSummary
-	Timeline timelineView
+	Run         runSummary
+	Timeline    timelineView
+	Workers     []workerRow
+	MoreWorkers bool
+	Flagged     []string // each flagged worker, with why
 }
 
 // runSummary is one run's line in the index and head of its page.
@@ -206,6 +225,7 @@ type runSummary struct {
 	LastStep                    int64
 	FiredAt, Ended, Failure     string
 	Missed                      string // why the run missed its deadline; empty if it did not
+	PastB                       string // a live run past B: by how much, and that it has not saved
 	I, C, R, M                  string
 }
 
@@ -242,28 +262,24 @@ func summarize(run *v1.Run, now time.Time) runSummary {
 	if e := run.GetEndedAt(); e != nil {
 		s.Ended = e.AsTime().UTC().Format(timeLayout)
 	}
+	s.PastB = pastB(run, now)
 	return s
 }
 
-// endedRelativeTo: "ended 3s before B" or "ended 1m2s after B".
-func endedRelativeTo(ended, b time.Time) string {
-	if ended.After(b) {
-		return "ended " + ended.Sub(b).Round(time.Second).String() + " after B"
+// pastB flags a run that is not over at B: its save has not begun (or
+// not finished), so the job is about to lose its work or already did.
+func pastB(run *v1.Run, now time.Time) string {
+	b := run.GetDeadline().GetMustSaveBy()
+	if b == nil || run.GetEndedAt() != nil || !now.After(b.AsTime()) {
+		return ""
 	}
-	return "ended " + b.Sub(ended).Round(time.Second).String() + " before B"
-}
-
-// until says how far away a moment is: "in 1h2m3s" or "4m5s ago".
-func until(d time.Duration) string {
-	d = d.Round(time.Second)
-	if d < 0 {
-		return (-d).String() + " ago"
+	late := human(now.Sub(b.AsTime()))
+	switch run.GetState() {
+	case v1.RunState_RUN_STATE_SAVING, v1.RunState_RUN_STATE_SNAPSHOTTING:
+		return "PAST B by " + late + ": the deadline save has not finished"
+	default:
+		return "PAST B by " + late + ": not saved"
 	}
-	return "in " + d.String()
-}
-
-func seconds(s float64) string {
-	return time.Duration(s * float64(time.Second)).Round(10 * time.Millisecond).String()
 }
 
 var pages = template.Must(template.New("").Parse(pageTemplates))

@@ -25,7 +25,10 @@ import (
 	"github.com/snapcoord/snapcoord/store"
 )
 
-const adminToken = "admin-0123456789abcdef0123456789"
+const (
+	adminToken  = "admin-0123456789abcdef0123456789"
+	viewerToken = "viewer-0123456789abcdef012345678"
+)
 
 var start = time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
 
@@ -56,7 +59,7 @@ func newWorld(t *testing.T) *world {
 		eng.Close()
 		_ = db.Close()
 	})
-	authn, err := auth.New(auth.Options{AdminTokens: []string{adminToken}, Runs: eng})
+	authn, err := auth.New(auth.Options{AdminTokens: []string{adminToken}, ViewerTokens: []string{viewerToken}, Runs: eng})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -157,9 +160,9 @@ func (w *world) admin(path string) string {
 	return body
 }
 
-// The page admits callers by RunService's rule: an admin token, as a
-// bearer token or as a basic-auth password; nothing else.
-func TestStatusPageNeedsAnAdminToken(t *testing.T) {
+// The page admits a viewer or an admin token, as a bearer token or as a
+// basic-auth password; nothing else.
+func TestStatusPageNeedsAViewerOrAdminToken(t *testing.T) {
 	w := newWorld(t)
 	w.createRun()
 	basic := func(user, pass string) string {
@@ -177,6 +180,8 @@ func TestStatusPageNeedsAnAdminToken(t *testing.T) {
 		{"the run token", "Bearer " + w.runToken, http.StatusForbidden},
 		{"the admin token", "Bearer " + adminToken, http.StatusOK},
 		{"the admin token as basic password", basic("anyone", adminToken), http.StatusOK},
+		{"the viewer token as basic password", basic("anyone", viewerToken), http.StatusOK},
+		{"the viewer token", "Bearer " + viewerToken, http.StatusOK},
 	} {
 		for _, path := range []string{"/", "/runs/r"} {
 			code, hdr, body := w.get(path, tc.authorization)

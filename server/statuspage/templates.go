@@ -22,6 +22,17 @@ td.num { text-align: right; font-variant-numeric: tabular-nums; }
 .state-saving, .state-snapshotting, .save-and-stop { color: #b35900; font-weight: 600; }
 .missed, .state-failed, .state-cancelled, .io-error, .timeout, .invariant-failure { color: #c62828; font-weight: 600; }
 .state-stopped, .state-completed { color: #1f4e99; }
+.past-b, .flag { color: #fff; background: #c62828; font-weight: 600; padding: 0 .35em; border-radius: 3px; }
+tr.lagging td, tr.silent td { background: #fdecea; }
+.worker-lost { color: #c62828; font-weight: 600; }
+.worker-left { color: #888; }
+.cell { display: inline-block; width: .9em; height: .9em; margin-right: 2px; border-radius: 2px; background: #9ca3af; vertical-align: middle; }
+.cell.saved { background: #34d399; }
+.cell.skipped { background: #d1d5db; }
+.cell.in-flight { background: #fde68a; }
+.cell.io-error, .cell.timeout, .cell.invariant-failure, .cell.no-report { background: #e53935; }
+#flagged { border-left: 4px solid #c62828; background: #fdecea; padding: .4em .8em; margin: .5em 0 1em; }
+#flagged li { margin: .1em 0; }
 svg { background: #fff; border: 1px solid #ddd; }
 svg text { font: 11px system-ui, sans-serif; fill: #333; }
 svg .lane { fill: #555; font-weight: 600; }
@@ -57,10 +68,10 @@ svg .axis { stroke: #999; }
 <tr><th>run</th><th>state</th><th>last step</th><th>B (must save by)</th><th>time to B</th><th>fires</th><th>I</th><th>C</th><th>R</th><th>M</th></tr>
 {{range .Runs}}<tr>
 <td><a href="/runs/{{.ID}}">{{.ID}}</a></td>
-<td class="{{.StateClass}}">{{.State}}{{if .Missed}} <span class="missed" title="{{.Missed}}">DEADLINE MISSED</span>{{end}}</td>
+<td class="{{.StateClass}}">{{.State}}{{if .Missed}} <span class="missed" title="{{.Missed}}">DEADLINE MISSED</span>{{end}}{{if .PastB}} <span class="past-b" title="{{.PastB}}">PAST B</span>{{end}}</td>
 <td class="num">{{.LastStep}}</td>
 <td>{{if .B}}{{.B}}{{else}}none{{end}}</td>
-<td>{{.UntilB}}</td>
+<td>{{if .PastB}}<span class="past-b">{{.PastB}}</span>{{else}}{{.UntilB}}{{end}}</td>
 <td>{{if .FiredAt}}fired {{.FiredAt}}{{else}}{{.UntilFires}}{{end}}</td>
 <td class="num">{{.I}}</td><td class="num">{{.C}}</td><td class="num">{{.R}}</td><td class="num">{{.M}}</td>
 </tr>
@@ -77,10 +88,27 @@ svg .axis { stroke: #999; }
 <tr><th>B</th><td>{{if .B}}{{.B}} ({{.UntilB}}){{else}}none{{end}}</td><th>fires_at</th><td>{{if .FiredAt}}fired {{.FiredAt}}{{else if .Fire}}{{.Fire}} ({{.UntilFires}}){{else}}-{{end}}</td></tr>
 <tr><th>I + C + R + M</th><td colspan="3">{{.I}} + {{.C}} + {{.R}} + {{.M}}</td></tr>
 {{if .Ended}}<tr><th>ended</th><td colspan="3">{{.Ended}}</td></tr>{{end}}
+{{if .PastB}}<tr><th>deadline</th><td colspan="3"><span class="past-b" id="past-b">{{.PastB}}</span></td></tr>{{end}}
 {{if .Missed}}<tr><th>deadline</th><td colspan="3" class="missed">DEADLINE MISSED: {{.Missed}}</td></tr>{{end}}
 {{if .Failure}}<tr><th>failure</th><td colspan="3">{{.Failure}}</td></tr>{{end}}
 </table>
 {{end}}
+{{if .Flagged}}<div id="flagged"><strong>{{len .Flagged}} worker(s) need attention</strong><ul>
+{{range .Flagged}}<li>{{.}}</li>
+{{end}}</ul></div>{{end}}
+<h2>Workers</h2>
+{{if .Workers}}<table id="workers">
+<tr><th>worker</th><th>role</th><th>state</th><th>last heartbeat</th><th>last step / last report</th><th>snapshots (oldest → newest)</th><th>flags</th></tr>
+{{range .Workers}}<tr class="{{.Class}}" data-worker="{{.Name}}">
+<td>{{.Name}}</td><td>{{.Role}}</td><td class="{{.StateClass}}">{{.State}}</td>
+<td title="{{.HeartbeatTitle}}">{{.Heartbeat}}</td>
+<td class="{{.ProgressClass}}">{{.Progress}}</td>
+<td>{{range .Outcomes}}<span class="{{.Class}}" title="{{.Title}}"></span>{{else}}-{{end}}</td>
+<td>{{range .Flags}}<span class="flag">{{.}}</span> {{end}}</td>
+</tr>
+{{end}}</table>
+{{if .MoreWorkers}}<p>Only the first 2000 workers are listed; <code>snapctl</code> lists them all.</p>{{end}}
+{{else}}<p>No worker registered.</p>{{end}}
 {{with .Timeline}}
 <svg id="timeline" xmlns="http://www.w3.org/2000/svg" width="{{.Width}}" height="{{.Height}}" viewBox="0 0 {{.Width}} {{.Height}}" role="img" aria-label="run timeline">
 {{range .Lanes}}<text class="lane" x="{{.X}}" y="{{.Y}}">{{.Text}}</text>
@@ -95,12 +123,12 @@ svg .axis { stroke: #999; }
 {{end}}{{range .Lines}}<line id="{{.ID}}" class="{{.Class}}" x1="{{printf "%.1f" .X}}" y1="32" x2="{{printf "%.1f" .X}}" y2="{{$.Timeline.AxisY}}"/><text x="{{printf "%.1f" .X}}" y="{{.TextY}}" text-anchor="middle">{{.Text}}</text>
 {{end}}</svg>
 {{if .Empty}}<p>No step, checkpoint or snapshot yet.</p>{{end}}
-<h2>Latest decisions</h2>
+<h2>Latest decisions, newest first</h2>
 {{if .DecisionRows}}<table id="decisions">
 <tr><th>step</th><th>decided</th><th>action</th><th>spare</th><th>why</th></tr>
-{{range .DecisionRows}}<tr><td class="num">{{.Step}}</td><td>{{.At}}</td><td class="{{.Class}}">{{.Action}}</td><td class="num">{{.Spare}}</td><td>{{.Why}}</td></tr>
+{{range .DecisionRows}}<tr><td class="num">{{.Step}}</td><td>{{.At}}</td><td class="{{.Class}}">{{.Action}}</td><td class="num">{{.Spare}}</td><td title="{{.Rule}}">{{.Why}}</td></tr>
 {{end}}</table>{{else}}<p>None yet.</p>{{end}}
-<h2>Latest snapshots</h2>
+<h2>Latest snapshots, newest first</h2>
 {{if .SnapshotRows}}<table id="snapshots">
 <tr><th>snapshot</th><th>reason</th><th>anchor step</th><th>issued</th><th>outcome</th><th>duration</th></tr>
 {{range .SnapshotRows}}<tr><td>{{.ID}}</td><td>{{.Reason}}</td><td class="num">{{.Anchor}}</td><td>{{.Issued}}</td><td class="{{.Class}}">{{.Outcome}}</td><td class="num">{{.Duration}}</td></tr>

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"time"
 
@@ -29,6 +30,7 @@ type timeline struct {
 	decisions   []*v1.Decision
 	checkpoints []*v1.RunEvent
 	snapshots   []*v1.Snapshot
+	workers     []*v1.Worker
 }
 
 func loadTimeline(ctx context.Context, runs Runs, id string) (*timeline, error) {
@@ -50,6 +52,9 @@ func loadTimeline(ctx context.Context, runs Runs, id string) (*timeline, error) 
 		}
 	})
 	if err != nil {
+		return nil, err
+	}
+	if err := tl.loadWorkers(ctx, runs); err != nil {
 		return nil, err
 	}
 	return tl, nil
@@ -158,6 +163,7 @@ type vline struct {
 type decisionRow struct {
 	Step                   int64
 	At, Action, Spare, Why string
+	Rule                   string // the engine's own explanation, for the row's tooltip
 	Class                  string
 }
 
@@ -261,14 +267,15 @@ func (tl *timeline) drawDecisions(v *timelineView, s span) {
 		v.Steps = append(v.Steps, mark{X: x, Y: stepsY, Y2: stepsY + 24, Class: "step " + action, Title: title})
 	}
 	v.SparePath = strings.Join(path, " ")
-	for _, d := range tl.decisions[max(0, len(tl.decisions)-tableRows):] {
+	// Newest first: the latest decision is the one an operator looks for.
+	for _, d := range slices.Backward(tl.decisions[max(0, len(tl.decisions)-tableRows):]) {
 		sp := "-"
 		if v := spare(d); !math.IsNaN(v) {
 			sp = seconds(v)
 		}
 		action := actionName(d.GetAction())
 		v.DecisionRows = append(v.DecisionRows, decisionRow{Step: d.GetStep(), At: d.GetDecidedAt().AsTime().UTC().Format(timeLayout),
-			Action: action, Class: action, Spare: sp, Why: d.GetExplanation()})
+			Action: action, Class: action, Spare: sp, Why: why(d), Rule: d.GetExplanation()})
 	}
 }
 
@@ -296,7 +303,7 @@ func (tl *timeline) drawSnapshots(v *timelineView, s span, now time.Time) {
 		reason := enumtext.Lower(sn.GetReason())
 		x := s.x(from)
 		v.Snapshots = append(v.Snapshots, bar{X: x, Y: snapY, W: math.Max(2, s.x(to)-x), H: 22, TextY: snapY + 36,
-			Class: "snapshot " + outcome + " reason-" + reason,
+			Class: "snapshot " + cssName(outcome) + " reason-" + cssName(reason),
 			Title: fmt.Sprintf("%s (%s, anchor step %d): %s, %s", sn.GetSnapshotId(), reason, sn.GetAnchorStep(), outcome, dur),
 			Text:  dur})
 	}
@@ -307,14 +314,15 @@ func (tl *timeline) drawSnapshots(v *timelineView, s span, now time.Time) {
 			v.Snapshots[i].Text = ""
 		}
 	}
-	for _, sn := range tl.snapshots[max(0, len(tl.snapshots)-tableRows):] {
+	for _, sn := range slices.Backward(tl.snapshots[max(0, len(tl.snapshots)-tableRows):]) {
 		row := snapshotRow{ID: sn.GetSnapshotId(), Anchor: sn.GetAnchorStep(), Issued: sn.GetIssuedAt().AsTime().UTC().Format(timeLayout),
 			Reason: enumtext.Lower(sn.GetReason()), Outcome: "in flight", Duration: "-"}
 		if sn.GetCompletedAt() != nil {
 			row.Outcome = enumtext.Lower(sn.GetOutcome())
 			row.Duration = seconds(sn.GetDurationSeconds())
 		}
-		row.Class = strings.ReplaceAll(row.Outcome, " ", "-")
+		// The style sheet selects "io-error", the enum's text is "io_error".
+		row.Class = cssName(row.Outcome)
 		v.SnapshotRows = append(v.SnapshotRows, row)
 	}
 }

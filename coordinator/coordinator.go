@@ -27,7 +27,6 @@ import (
 	"github.com/snapcoord/snapcoord/server/engine"
 	"github.com/snapcoord/snapcoord/server/grpcserver"
 	"github.com/snapcoord/snapcoord/server/leader"
-	"github.com/snapcoord/snapcoord/server/statuspage"
 	"github.com/snapcoord/snapcoord/server/telemetry"
 	"github.com/snapcoord/snapcoord/store"
 )
@@ -51,8 +50,6 @@ type Coordinator struct {
 	srv   *grpcserver.Server
 	// adminTokens and viewerTokens are how many there were at start.
 	adminTokens, viewerTokens int
-	// rankSteps records each trainer rank's last step for the status page.
-	rankSteps *statuspage.RankSteps
 
 	// undo releases, in reverse, what New and Start acquired.
 	undo   []func()

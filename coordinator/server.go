@@ -60,7 +60,6 @@ func (c *Coordinator) buildServer() error {
 		return err
 	}
 	serveReflection, openReflection := c.cfg.ReflectionAccess()
-	c.rankSteps = statuspage.NewRankSteps(nil)
 	if c.authn, err = auth.New(auth.Options{AdminTokens: tokens, ViewerTokens: viewers, Runs: c.gate, OpenReflection: openReflection}); err != nil {
 		return err
 	}
@@ -87,9 +86,8 @@ func (c *Coordinator) buildServer() error {
 // validation, recovery), in go-grpc-middleware's examples/server order: the
 // otelgrpc stats handler sees everything, then logging (so a refused call
 // is logged with its code), then the follower gate (before authentication,
-// which needs the leader's engine for run tokens), then authentication,
-// then the status page's record of each rank's step (authenticated calls
-// only). Test hooks go outermost.
+// which needs the leader's engine for run tokens), then authentication.
+// Test hooks go outermost.
 func (c *Coordinator) serverConfig(serveReflection bool) grpcserver.Config {
 	opts := []grpc.ServerOption{grpc.StatsHandler(c.tel.StatsHandler())}
 	if c.tlsr != nil {
@@ -107,8 +105,7 @@ func (c *Coordinator) serverConfig(serveReflection bool) grpcserver.Config {
 		KeepaliveTimeout:         c.cfg.KeepaliveTimeout,
 		DisableReflection:        !serveReflection,
 		UnaryInterceptors: append(append([]grpc.UnaryServerInterceptor{}, hooks.UnaryInterceptors...),
-			telemetry.RPCLoggingUnary(c.log), c.gate.UnaryServerInterceptor(), c.authn.UnaryServerInterceptor(),
-			c.rankSteps.UnaryServerInterceptor()),
+			telemetry.RPCLoggingUnary(c.log), c.gate.UnaryServerInterceptor(), c.authn.UnaryServerInterceptor()),
 		StreamInterceptors: append(append([]grpc.StreamServerInterceptor{}, hooks.StreamInterceptors...),
 			telemetry.RPCLoggingStream(c.log), c.gate.StreamServerInterceptor(), c.authn.StreamServerInterceptor()),
 		ServerOptions: append(opts, hooks.ServerOptions...),
@@ -146,7 +143,7 @@ func (c *Coordinator) startMetrics() error {
 	var page http.Handler
 	if c.cfg.StatusPageAllowed(c.adminTokens + c.viewerTokens) {
 		page = statuspage.New(statuspage.Options{Runs: c.gate, Admit: c.authn, Logger: c.log,
-			LeaseTTL: c.cfg.LeaseTTL, Steps: c.rankSteps})
+			LeaseTTL: c.cfg.LeaseTTL})
 	} else {
 		c.log.Warn("status page off: no admin or viewer token is configured and --metrics-listen is not loopback; configure one or pass --insecure")
 	}

@@ -88,6 +88,19 @@ type workerState struct {
 	w     *v1.Worker
 	lease time.Time // in memory: heartbeats are not fsynced
 	timer clock.Timer
+	// A rank's last CompleteStep, in memory: storing it would add a write to
+	// every rank's every step, for a figure only the status page shows.
+	lastStep   int64
+	lastStepAt time.Time
+}
+
+// view is the worker as ListWorkers shows it.
+func (w *workerState) view() *v1.Worker {
+	v := proto.CloneOf(w.w)
+	if w.lastStep > 0 {
+		v.LastStep, v.LastStepAt = w.lastStep, timestamppb.New(w.lastStepAt)
+	}
+	return v
 }
 
 func newRunState(rec *storagev1.RunRecord) *runState {

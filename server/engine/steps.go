@@ -19,6 +19,9 @@ func (e *Engine) completeStep(ctx context.Context, req *v1.CompleteStepRequest) 
 		}
 		local := localAction{action: req.LocalAction, rank: w.w.Rank}
 		d, err = m.steps().completeStep(ctx, req.Step, req.IterationSeconds, local)
+		if err == nil {
+			w.lastStep, w.lastStepAt = req.Step, m.now
+		}
 		return err
 	})
 	if err != nil {

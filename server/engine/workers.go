@@ -11,7 +11,6 @@ import (
 	"strings"
 	"time"
 
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -413,23 +412,23 @@ func (e *Engine) listWorkers(ctx context.Context, req *v1.ListWorkersRequest) (*
 	}
 	resp := &v1.ListWorkersResponse{}
 	err = e.view(ctx, req.RunId, func(r *runState) error {
-		all := make([]*v1.Worker, 0, len(r.workers))
+		all := make([]*workerState, 0, len(r.workers))
 		for _, w := range r.workers {
-			all = append(all, w.w)
+			all = append(all, w)
 		}
-		slices.SortFunc(all, func(a, b *v1.Worker) int { return compareWorkers(listKey(a), listKey(b)) })
+		slices.SortFunc(all, func(a, b *workerState) int { return compareWorkers(listKey(a.w), listKey(b.w)) })
 		i := 0
 		if after != nil {
-			i, _ = slices.BinarySearchFunc(all, *after, func(w *v1.Worker, k workerKey) int { return compareWorkers(listKey(w), k) })
-			if i < len(all) && listKey(all[i]) == *after {
+			i, _ = slices.BinarySearchFunc(all, *after, func(w *workerState, k workerKey) int { return compareWorkers(listKey(w.w), k) })
+			if i < len(all) && listKey(all[i].w) == *after {
 				i++
 			}
 		}
 		for _, w := range all[i:min(i+size, len(all))] {
-			resp.Workers = append(resp.Workers, proto.CloneOf(w))
+			resp.Workers = append(resp.Workers, w.view())
 		}
 		if i+size < len(all) {
-			resp.NextPageToken = encodeWorkerToken(listKey(all[i+size-1]))
+			resp.NextPageToken = encodeWorkerToken(listKey(all[i+size-1].w))
 		}
 		return nil
 	})

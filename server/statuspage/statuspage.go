@@ -55,9 +55,6 @@ type Options struct {
 	// LeaseTTL is the coordinator's --lease-ttl: a worker's last heartbeat
 	// is its lease's end minus it. 0: the page shows the lease's end.
 	LeaseTTL time.Duration
-	// Steps, when set, gives each trainer rank's last step (fed by its
-	// interceptor); without it ranks show none and none is flagged behind.
-	Steps *RankSteps
 }
 
 // Page is the status page's http.Handler: "/" lists the runs, "/runs/{id}"
@@ -160,7 +157,7 @@ func (p *Page) run(w http.ResponseWriter, r *http.Request) {
 	}
 	now := p.opts.Now()
 	data := runData{header: p.header("snapcoord run "+id, now), Run: summarize(tl.run, now), Timeline: tl.draw(now),
-		Workers: tl.workerRows(now, p.opts.LeaseTTL, p.opts.Steps), MoreWorkers: len(tl.workers) >= maxWorkers}
+		Workers: tl.workerRows(now, p.opts.LeaseTTL), MoreWorkers: len(tl.workers) >= maxWorkers}
 	for _, wr := range data.Workers {
 		if len(wr.Flags) > 0 {
 			data.Flagged = append(data.Flagged, wr.Name+": "+strings.Join(wr.Flags, "; "))

@@ -48,23 +48,27 @@ func (tl *timeline) loadWorkers(ctx context.Context, runs Runs) error {
 	}, func(ws []*v1.Worker) { tl.workers = append(tl.workers, ws...) })
 }
 
-// workerView is what the page knows of each worker beyond ListWorkers:
-// the lease's length (to date the last heartbeat) and the ranks' steps.
+// workerView is what the page knows of each worker beyond its own record:
+// the lease's length (to date the last heartbeat) and the other ranks'.
 type workerView struct {
 	now      time.Time
 	leaseTTL time.Duration
 	run      *v1.Run
 	over     bool // the run ended: nobody is behind or silent any more
-	tracked  bool // some rank's step was seen since this process started
+	// first is the lowest step any rank completed since the coordinator
+	// started (0: none did); a rank with none may have reached at most it.
 	first    int64
-	ranks    map[string]rankStep
 	outcomes map[string][]outcomeCell
 	reports  map[string]*v1.SnapshotReport // each worker's latest
 }
 
-func (tl *timeline) workerRows(now time.Time, leaseTTL time.Duration, steps *RankSteps) []workerRow {
+func (tl *timeline) workerRows(now time.Time, leaseTTL time.Duration) []workerRow {
 	v := workerView{now: now, leaseTTL: leaseTTL, run: tl.run, over: tl.run.GetEndedAt() != nil}
-	v.first, v.ranks, v.tracked = steps.of(tl.run.GetRunId())
+	for _, w := range tl.workers {
+		if s := w.GetLastStep(); s > 0 && (v.first == 0 || s < v.first) {
+			v.first = s
+		}
+	}
 	v.outcomes, v.reports = tl.outcomesByWorker(now)
 	rows := make([]workerRow, 0, len(tl.workers))
 	for _, w := range tl.workers {
@@ -136,14 +140,13 @@ func (v workerView) silence(w *v1.Worker) string {
 func (v workerView) rankProgress(w *v1.Worker) (progress, behind string) {
 	runStep := v.run.GetLastStep()
 	active := !v.over && w.GetState() != v1.WorkerState_WORKER_STATE_LEFT
-	st, seen := v.ranks[w.GetWorkerId()]
-	switch {
-	case seen:
-		progress = fmt.Sprintf("step %d, %s ago", st.step, human(v.now.Sub(st.at)))
-		if active && runStep-st.step > 1 {
-			behind = fmt.Sprintf("BEHIND: %d steps behind the run's step %d", runStep-st.step, runStep)
+	switch step := w.GetLastStep(); {
+	case step > 0:
+		progress = fmt.Sprintf("step %d, %s ago", step, human(v.now.Sub(w.GetLastStepAt().AsTime())))
+		if active && runStep-step > 1 {
+			behind = fmt.Sprintf("BEHIND: %d steps behind the run's step %d", runStep-step, runStep)
 		}
-	case v.tracked:
+	case v.first > 0:
 		progress = "no step since the coordinator started"
 		// The run went on at least two steps past the first one seen since
 		// then, none of them this rank's.

@@ -29,8 +29,7 @@ type oneEngine struct{ *engine.Engine }
 func (e oneEngine) For(context.Context) *engine.Engine { return e.Engine }
 
 // fleet is a run of two trainer ranks and two environment workers in the
-// world, whose ranks complete steps over a real gRPC server carrying the
-// page's RankSteps interceptor, as the coordinator's does.
+// world, whose ranks complete steps over a real gRPC server.
 type fleet struct {
 	w       *world
 	steps   v1.WorkerServiceClient
@@ -41,10 +40,9 @@ type fleet struct {
 func newFleet(t *testing.T) *fleet {
 	t.Helper()
 	w := newWorld(t)
-	ranks := statuspage.NewRankSteps(w.clk.Now)
-	w.page = statuspage.New(statuspage.Options{Runs: w.eng, Admit: allow{}, Now: w.clk.Now, LeaseTTL: leaseTTL, Steps: ranks})
+	w.page = statuspage.New(statuspage.Options{Runs: w.eng, Admit: allow{}, Now: w.clk.Now, LeaseTTL: leaseTTL})
 	lis := bufconn.Listen(1 << 20)
-	gs := grpc.NewServer(grpc.ChainUnaryInterceptor(ranks.UnaryServerInterceptor()))
+	gs := grpc.NewServer()
 	v1.RegisterWorkerServiceServer(gs, transport.NewWorkerServer(oneEngine{w.eng}, slog.New(slog.DiscardHandler)))
 	go func() { _ = gs.Serve(lis) }()
 	t.Cleanup(gs.Stop)

@@ -286,8 +286,14 @@ type Worker struct {
 	// took the name over. A repeat of that re-register, whose answer was lost,
 	// gets this incarnation again rather than being refused as superseded.
 	ReplacedIncarnation int64 `protobuf:"varint,9,opt,name=replaced_incarnation,json=replacedIncarnation,proto3" json:"replaced_incarnation,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// For a trainer rank: the last step it completed (CompleteStep) and when,
+	// as the coordinator answering now saw them. Kept in memory, not stored:
+	// 0 and unset after a restart or a change of leader, until the rank's
+	// next step.
+	LastStep      int64                  `protobuf:"varint,10,opt,name=last_step,json=lastStep,proto3" json:"last_step,omitempty"`
+	LastStepAt    *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=last_step_at,json=lastStepAt,proto3" json:"last_step_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Worker) Reset() {
@@ -381,6 +387,20 @@ func (x *Worker) GetReplacedIncarnation() int64 {
 		return x.ReplacedIncarnation
 	}
 	return 0
+}
+
+func (x *Worker) GetLastStep() int64 {
+	if x != nil {
+		return x.LastStep
+	}
+	return 0
+}
+
+func (x *Worker) GetLastStepAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LastStepAt
+	}
+	return nil
 }
 
 // SnapshotReport is one environment worker's report on a snapshot.
@@ -992,7 +1012,7 @@ var File_snapcoord_v1_worker_proto protoreflect.FileDescriptor
 
 const file_snapcoord_v1_worker_proto_rawDesc = "" +
 	"\n" +
-	"\x19snapcoord/v1/worker.proto\x12\fsnapcoord.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x88\x03\n" +
+	"\x19snapcoord/v1/worker.proto\x12\fsnapcoord.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe3\x03\n" +
 	"\x06Worker\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12,\n" +
@@ -1002,7 +1022,11 @@ const file_snapcoord_v1_worker_proto_rawDesc = "" +
 	"\vincarnation\x18\x06 \x01(\x03R\vincarnation\x12?\n" +
 	"\rregistered_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\fregisteredAt\x12D\n" +
 	"\x10lease_expires_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\x0eleaseExpiresAt\x121\n" +
-	"\x14replaced_incarnation\x18\t \x01(\x03R\x13replacedIncarnation\"\xe8\x01\n" +
+	"\x14replaced_incarnation\x18\t \x01(\x03R\x13replacedIncarnation\x12\x1b\n" +
+	"\tlast_step\x18\n" +
+	" \x01(\x03R\blastStep\x12<\n" +
+	"\flast_step_at\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"lastStepAt\"\xe8\x01\n" +
 	"\x0eSnapshotReport\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x127\n" +
 	"\aoutcome\x18\x02 \x01(\x0e2\x1d.snapcoord.v1.SnapshotOutcomeR\aoutcome\x12)\n" +
@@ -1111,27 +1135,28 @@ var file_snapcoord_v1_worker_proto_depIdxs = []int32{
 	1,  // 1: snapcoord.v1.Worker.state:type_name -> snapcoord.v1.WorkerState
 	12, // 2: snapcoord.v1.Worker.registered_at:type_name -> google.protobuf.Timestamp
 	12, // 3: snapcoord.v1.Worker.lease_expires_at:type_name -> google.protobuf.Timestamp
-	3,  // 4: snapcoord.v1.SnapshotReport.outcome:type_name -> snapcoord.v1.SnapshotOutcome
-	12, // 5: snapcoord.v1.SnapshotReport.reported_at:type_name -> google.protobuf.Timestamp
-	2,  // 6: snapcoord.v1.Snapshot.reason:type_name -> snapcoord.v1.SnapshotReason
-	12, // 7: snapcoord.v1.Snapshot.issued_at:type_name -> google.protobuf.Timestamp
-	12, // 8: snapcoord.v1.Snapshot.completed_at:type_name -> google.protobuf.Timestamp
-	3,  // 9: snapcoord.v1.Snapshot.outcome:type_name -> snapcoord.v1.SnapshotOutcome
-	5,  // 10: snapcoord.v1.Snapshot.reports:type_name -> snapcoord.v1.SnapshotReport
-	12, // 11: snapcoord.v1.Snapshot.must_finish_by:type_name -> google.protobuf.Timestamp
-	12, // 12: snapcoord.v1.Command.issued_at:type_name -> google.protobuf.Timestamp
-	0,  // 13: snapcoord.v1.Command.audience:type_name -> snapcoord.v1.WorkerRole
-	8,  // 14: snapcoord.v1.Command.save_at_deadline:type_name -> snapcoord.v1.SaveAtDeadlineCommand
-	9,  // 15: snapcoord.v1.Command.snapshot:type_name -> snapcoord.v1.SnapshotCommand
-	10, // 16: snapcoord.v1.Command.publish_checkpoint:type_name -> snapcoord.v1.PublishCheckpointCommand
-	11, // 17: snapcoord.v1.Command.stop:type_name -> snapcoord.v1.StopCommand
-	12, // 18: snapcoord.v1.SaveAtDeadlineCommand.must_finish_by:type_name -> google.protobuf.Timestamp
-	2,  // 19: snapcoord.v1.SnapshotCommand.reason:type_name -> snapcoord.v1.SnapshotReason
-	20, // [20:20] is the sub-list for method output_type
-	20, // [20:20] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	12, // 4: snapcoord.v1.Worker.last_step_at:type_name -> google.protobuf.Timestamp
+	3,  // 5: snapcoord.v1.SnapshotReport.outcome:type_name -> snapcoord.v1.SnapshotOutcome
+	12, // 6: snapcoord.v1.SnapshotReport.reported_at:type_name -> google.protobuf.Timestamp
+	2,  // 7: snapcoord.v1.Snapshot.reason:type_name -> snapcoord.v1.SnapshotReason
+	12, // 8: snapcoord.v1.Snapshot.issued_at:type_name -> google.protobuf.Timestamp
+	12, // 9: snapcoord.v1.Snapshot.completed_at:type_name -> google.protobuf.Timestamp
+	3,  // 10: snapcoord.v1.Snapshot.outcome:type_name -> snapcoord.v1.SnapshotOutcome
+	5,  // 11: snapcoord.v1.Snapshot.reports:type_name -> snapcoord.v1.SnapshotReport
+	12, // 12: snapcoord.v1.Snapshot.must_finish_by:type_name -> google.protobuf.Timestamp
+	12, // 13: snapcoord.v1.Command.issued_at:type_name -> google.protobuf.Timestamp
+	0,  // 14: snapcoord.v1.Command.audience:type_name -> snapcoord.v1.WorkerRole
+	8,  // 15: snapcoord.v1.Command.save_at_deadline:type_name -> snapcoord.v1.SaveAtDeadlineCommand
+	9,  // 16: snapcoord.v1.Command.snapshot:type_name -> snapcoord.v1.SnapshotCommand
+	10, // 17: snapcoord.v1.Command.publish_checkpoint:type_name -> snapcoord.v1.PublishCheckpointCommand
+	11, // 18: snapcoord.v1.Command.stop:type_name -> snapcoord.v1.StopCommand
+	12, // 19: snapcoord.v1.SaveAtDeadlineCommand.must_finish_by:type_name -> google.protobuf.Timestamp
+	2,  // 20: snapcoord.v1.SnapshotCommand.reason:type_name -> snapcoord.v1.SnapshotReason
+	21, // [21:21] is the sub-list for method output_type
+	21, // [21:21] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_snapcoord_v1_worker_proto_init() }

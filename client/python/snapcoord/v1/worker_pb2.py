@@ -14,7 +14,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19snapcoord/v1/worker.proto\x12\x0csnapcoord.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa5\x02\n\x06Worker\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12&\n\x04role\x18\x03 \x01(\x0e\x32\x18.snapcoord.v1.WorkerRole\x12\x0c\n\x04rank\x18\x04 \x01(\x05\x12(\n\x05state\x18\x05 \x01(\x0e\x32\x19.snapcoord.v1.WorkerState\x12\x13\n\x0bincarnation\x18\x06 \x01(\x03\x12\x31\n\rregistered_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x34\n\x10lease_expires_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x1c\n\x14replaced_incarnation\x18\t \x01(\x03\"\xaf\x01\n\x0eSnapshotReport\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12.\n\x07outcome\x18\x02 \x01(\x0e\x32\x1d.snapcoord.v1.SnapshotOutcome\x12\x18\n\x10\x64uration_seconds\x18\x03 \x01(\x01\x12\x0f\n\x07message\x18\x04 \x01(\t\x12/\n\x0breported_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xae\x03\n\x08Snapshot\x12\x13\n\x0bsnapshot_id\x18\x01 \x01(\t\x12,\n\x06reason\x18\x02 \x01(\x0e\x32\x1c.snapcoord.v1.SnapshotReason\x12\x13\n\x0b\x61nchor_step\x18\x03 \x01(\x03\x12\x0e\n\x06\x66orced\x18\x04 \x01(\x08\x12-\n\tissued_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x30\n\x0c\x63ompleted_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\x07outcome\x18\x07 \x01(\x0e\x32\x1d.snapcoord.v1.SnapshotOutcome\x12\x18\n\x10\x64uration_seconds\x18\x08 \x01(\x01\x12\x1b\n\x13\x65xpected_worker_ids\x18\t \x03(\t\x12-\n\x07reports\x18\n \x03(\x0b\x32\x1c.snapcoord.v1.SnapshotReport\x12\x32\n\x0emust_finish_by\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07message\x18\x0c \x01(\t\"\xde\x02\n\x07\x43ommand\x12\x0b\n\x03seq\x18\x01 \x01(\x03\x12-\n\tissued_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12*\n\x08\x61udience\x18\x03 \x01(\x0e\x32\x18.snapcoord.v1.WorkerRole\x12?\n\x10save_at_deadline\x18\x04 \x01(\x0b\x32#.snapcoord.v1.SaveAtDeadlineCommandH\x00\x12\x31\n\x08snapshot\x18\x05 \x01(\x0b\x32\x1d.snapcoord.v1.SnapshotCommandH\x00\x12\x44\n\x12publish_checkpoint\x18\x06 \x01(\x0b\x32&.snapcoord.v1.PublishCheckpointCommandH\x00\x12)\n\x04stop\x18\x07 \x01(\x0b\x32\x19.snapcoord.v1.StopCommandH\x00\x42\x06\n\x04kind\"u\n\x15SaveAtDeadlineCommand\x12\x13\n\x0bsnapshot_id\x18\x01 \x01(\t\x12\x13\n\x0b\x61nchor_step\x18\x02 \x01(\x03\x12\x32\n\x0emust_finish_by\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"y\n\x0fSnapshotCommand\x12\x13\n\x0bsnapshot_id\x18\x01 \x01(\t\x12,\n\x06reason\x18\x02 \x01(\x0e\x32\x1c.snapcoord.v1.SnapshotReason\x12\x13\n\x0b\x61nchor_step\x18\x03 \x01(\x03\x12\x0e\n\x06\x66orced\x18\x04 \x01(\x08\"(\n\x18PublishCheckpointCommand\x12\x0c\n\x04step\x18\x01 \x01(\x03\"\x1d\n\x0bStopCommand\x12\x0e\n\x06reason\x18\x01 \x01(\t*_\n\nWorkerRole\x12\x1b\n\x17WORKER_ROLE_UNSPECIFIED\x10\x00\x12\x17\n\x13WORKER_ROLE_TRAINER\x10\x01\x12\x1b\n\x17WORKER_ROLE_ENVIRONMENT\x10\x02*p\n\x0bWorkerState\x12\x1c\n\x18WORKER_STATE_UNSPECIFIED\x10\x00\x12\x15\n\x11WORKER_STATE_LIVE\x10\x01\x12\x15\n\x11WORKER_STATE_LOST\x10\x02\x12\x15\n\x11WORKER_STATE_LEFT\x10\x03*\xb1\x01\n\x0eSnapshotReason\x12\x1f\n\x1bSNAPSHOT_REASON_UNSPECIFIED\x10\x00\x12\x1c\n\x18SNAPSHOT_REASON_INTERVAL\x10\x01\x12&\n\"SNAPSHOT_REASON_TRAINER_CHECKPOINT\x10\x02\x12\x1a\n\x16SNAPSHOT_REASON_MANUAL\x10\x03\x12\x1c\n\x18SNAPSHOT_REASON_DEADLINE\x10\x04*\xd2\x01\n\x0fSnapshotOutcome\x12 \n\x1cSNAPSHOT_OUTCOME_UNSPECIFIED\x10\x00\x12\x1a\n\x16SNAPSHOT_OUTCOME_SAVED\x10\x01\x12\x1c\n\x18SNAPSHOT_OUTCOME_SKIPPED\x10\x02\x12\x1d\n\x19SNAPSHOT_OUTCOME_IO_ERROR\x10\x03\x12&\n\"SNAPSHOT_OUTCOME_INVARIANT_FAILURE\x10\x04\x12\x1c\n\x18SNAPSHOT_OUTCOME_TIMEOUT\x10\x05\x42=Z;github.com/snapcoord/snapcoord/api/snapcoord/v1;snapcoordv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19snapcoord/v1/worker.proto\x12\x0csnapcoord.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xea\x02\n\x06Worker\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12&\n\x04role\x18\x03 \x01(\x0e\x32\x18.snapcoord.v1.WorkerRole\x12\x0c\n\x04rank\x18\x04 \x01(\x05\x12(\n\x05state\x18\x05 \x01(\x0e\x32\x19.snapcoord.v1.WorkerState\x12\x13\n\x0bincarnation\x18\x06 \x01(\x03\x12\x31\n\rregistered_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x34\n\x10lease_expires_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x1c\n\x14replaced_incarnation\x18\t \x01(\x03\x12\x11\n\tlast_step\x18\n \x01(\x03\x12\x30\n\x0clast_step_at\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xaf\x01\n\x0eSnapshotReport\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12.\n\x07outcome\x18\x02 \x01(\x0e\x32\x1d.snapcoord.v1.SnapshotOutcome\x12\x18\n\x10\x64uration_seconds\x18\x03 \x01(\x01\x12\x0f\n\x07message\x18\x04 \x01(\t\x12/\n\x0breported_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xae\x03\n\x08Snapshot\x12\x13\n\x0bsnapshot_id\x18\x01 \x01(\t\x12,\n\x06reason\x18\x02 \x01(\x0e\x32\x1c.snapcoord.v1.SnapshotReason\x12\x13\n\x0b\x61nchor_step\x18\x03 \x01(\x03\x12\x0e\n\x06\x66orced\x18\x04 \x01(\x08\x12-\n\tissued_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x30\n\x0c\x63ompleted_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\x07outcome\x18\x07 \x01(\x0e\x32\x1d.snapcoord.v1.SnapshotOutcome\x12\x18\n\x10\x64uration_seconds\x18\x08 \x01(\x01\x12\x1b\n\x13\x65xpected_worker_ids\x18\t \x03(\t\x12-\n\x07reports\x18\n \x03(\x0b\x32\x1c.snapcoord.v1.SnapshotReport\x12\x32\n\x0emust_finish_by\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07message\x18\x0c \x01(\t\"\xde\x02\n\x07\x43ommand\x12\x0b\n\x03seq\x18\x01 \x01(\x03\x12-\n\tissued_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12*\n\x08\x61udience\x18\x03 \x01(\x0e\x32\x18.snapcoord.v1.WorkerRole\x12?\n\x10save_at_deadline\x18\x04 \x01(\x0b\x32#.snapcoord.v1.SaveAtDeadlineCommandH\x00\x12\x31\n\x08snapshot\x18\x05 \x01(\x0b\x32\x1d.snapcoord.v1.SnapshotCommandH\x00\x12\x44\n\x12publish_checkpoint\x18\x06 \x01(\x0b\x32&.snapcoord.v1.PublishCheckpointCommandH\x00\x12)\n\x04stop\x18\x07 \x01(\x0b\x32\x19.snapcoord.v1.StopCommandH\x00\x42\x06\n\x04kind\"u\n\x15SaveAtDeadlineCommand\x12\x13\n\x0bsnapshot_id\x18\x01 \x01(\t\x12\x13\n\x0b\x61nchor_step\x18\x02 \x01(\x03\x12\x32\n\x0emust_finish_by\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"y\n\x0fSnapshotCommand\x12\x13\n\x0bsnapshot_id\x18\x01 \x01(\t\x12,\n\x06reason\x18\x02 \x01(\x0e\x32\x1c.snapcoord.v1.SnapshotReason\x12\x13\n\x0b\x61nchor_step\x18\x03 \x01(\x03\x12\x0e\n\x06\x66orced\x18\x04 \x01(\x08\"(\n\x18PublishCheckpointCommand\x12\x0c\n\x04step\x18\x01 \x01(\x03\"\x1d\n\x0bStopCommand\x12\x0e\n\x06reason\x18\x01 \x01(\t*_\n\nWorkerRole\x12\x1b\n\x17WORKER_ROLE_UNSPECIFIED\x10\x00\x12\x17\n\x13WORKER_ROLE_TRAINER\x10\x01\x12\x1b\n\x17WORKER_ROLE_ENVIRONMENT\x10\x02*p\n\x0bWorkerState\x12\x1c\n\x18WORKER_STATE_UNSPECIFIED\x10\x00\x12\x15\n\x11WORKER_STATE_LIVE\x10\x01\x12\x15\n\x11WORKER_STATE_LOST\x10\x02\x12\x15\n\x11WORKER_STATE_LEFT\x10\x03*\xb1\x01\n\x0eSnapshotReason\x12\x1f\n\x1bSNAPSHOT_REASON_UNSPECIFIED\x10\x00\x12\x1c\n\x18SNAPSHOT_REASON_INTERVAL\x10\x01\x12&\n\"SNAPSHOT_REASON_TRAINER_CHECKPOINT\x10\x02\x12\x1a\n\x16SNAPSHOT_REASON_MANUAL\x10\x03\x12\x1c\n\x18SNAPSHOT_REASON_DEADLINE\x10\x04*\xd2\x01\n\x0fSnapshotOutcome\x12 \n\x1cSNAPSHOT_OUTCOME_UNSPECIFIED\x10\x00\x12\x1a\n\x16SNAPSHOT_OUTCOME_SAVED\x10\x01\x12\x1c\n\x18SNAPSHOT_OUTCOME_SKIPPED\x10\x02\x12\x1d\n\x19SNAPSHOT_OUTCOME_IO_ERROR\x10\x03\x12&\n\"SNAPSHOT_OUTCOME_INVARIANT_FAILURE\x10\x04\x12\x1c\n\x18SNAPSHOT_OUTCOME_TIMEOUT\x10\x05\x42=Z;github.com/snapcoord/snapcoord/api/snapcoord/v1;snapcoordv1b\x06proto3')
 
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, globals())
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'snapcoord.v1.worker_pb2', globals())
@@ -22,28 +22,28 @@ if _descriptor._USE_C_DESCRIPTORS == False:
 
   DESCRIPTOR._options = None
   DESCRIPTOR._serialized_options = b'Z;github.com/snapcoord/snapcoord/api/snapcoord/v1;snapcoordv1'
-  _WORKERROLE._serialized_start=1651
-  _WORKERROLE._serialized_end=1746
-  _WORKERSTATE._serialized_start=1748
-  _WORKERSTATE._serialized_end=1860
-  _SNAPSHOTREASON._serialized_start=1863
-  _SNAPSHOTREASON._serialized_end=2040
-  _SNAPSHOTOUTCOME._serialized_start=2043
-  _SNAPSHOTOUTCOME._serialized_end=2253
+  _WORKERROLE._serialized_start=1720
+  _WORKERROLE._serialized_end=1815
+  _WORKERSTATE._serialized_start=1817
+  _WORKERSTATE._serialized_end=1929
+  _SNAPSHOTREASON._serialized_start=1932
+  _SNAPSHOTREASON._serialized_end=2109
+  _SNAPSHOTOUTCOME._serialized_start=2112
+  _SNAPSHOTOUTCOME._serialized_end=2322
   _WORKER._serialized_start=77
-  _WORKER._serialized_end=370
-  _SNAPSHOTREPORT._serialized_start=373
-  _SNAPSHOTREPORT._serialized_end=548
-  _SNAPSHOT._serialized_start=551
-  _SNAPSHOT._serialized_end=981
-  _COMMAND._serialized_start=984
-  _COMMAND._serialized_end=1334
-  _SAVEATDEADLINECOMMAND._serialized_start=1336
-  _SAVEATDEADLINECOMMAND._serialized_end=1453
-  _SNAPSHOTCOMMAND._serialized_start=1455
-  _SNAPSHOTCOMMAND._serialized_end=1576
-  _PUBLISHCHECKPOINTCOMMAND._serialized_start=1578
-  _PUBLISHCHECKPOINTCOMMAND._serialized_end=1618
-  _STOPCOMMAND._serialized_start=1620
-  _STOPCOMMAND._serialized_end=1649
+  _WORKER._serialized_end=439
+  _SNAPSHOTREPORT._serialized_start=442
+  _SNAPSHOTREPORT._serialized_end=617
+  _SNAPSHOT._serialized_start=620
+  _SNAPSHOT._serialized_end=1050
+  _COMMAND._serialized_start=1053
+  _COMMAND._serialized_end=1403
+  _SAVEATDEADLINECOMMAND._serialized_start=1405
+  _SAVEATDEADLINECOMMAND._serialized_end=1522
+  _SNAPSHOTCOMMAND._serialized_start=1524
+  _SNAPSHOTCOMMAND._serialized_end=1645
+  _PUBLISHCHECKPOINTCOMMAND._serialized_start=1647
+  _PUBLISHCHECKPOINTCOMMAND._serialized_end=1687
+  _STOPCOMMAND._serialized_start=1689
+  _STOPCOMMAND._serialized_end=1718
 # @@protoc_insertion_point(module_scope)

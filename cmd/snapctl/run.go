@@ -74,6 +74,10 @@ connection flags (and their environment variables):
                        (SNAPCOORD_SERVER_NAME)
   --timeout DURATION   bound on each call, except following (SNAPCOORD_TIMEOUT,
                        default 30s)
+  --connect-timeout DURATION
+                       how long the coordinator may leave a new connection
+                       unanswered before snapctl gives up and says so
+                       (SNAPCOORD_CONNECT_TIMEOUT, default 1.5s)
   -o, --output table|json
                        output: human tables in local time (default), or
                        protojson (events: one JSON object per line)
@@ -108,7 +112,7 @@ func printUsage(w io.Writer) {
 
 // run is main without the process.
 func run(ctx context.Context, args []string, e env) int {
-	c := &cli{env: e, conn: connConfig{addr: "127.0.0.1:7070", timeout: 30 * time.Second}}
+	c := &cli{env: e, conn: connConfig{addr: "127.0.0.1:7070", timeout: 30 * time.Second, connectTimeout: defaultConnectTimeout}}
 	global := c.newFlagSet("snapctl")
 	showVersion := global.Bool("version", false, "print the version")
 	if err := c.applyEnv(global); err != nil {

@@ -332,3 +332,33 @@ func TestWatchStartsWithStateAndLastDecision(t *testing.T) {
 		t.Errorf("run get of an ended run counts down to B:\n%s", out)
 	}
 }
+
+// `snapctl run` alone lists run's commands (it said "unknown command");
+// with --help on stdout, exit 0; with a wrong one, the error and the list.
+func TestGroupAloneListsItsCommands(t *testing.T) {
+	s := &server{t: t, addr: closedPort(t)} // nothing is called
+	for _, tc := range []struct {
+		args     []string
+		code     int
+		out, err string // where the list is, and the error
+	}{
+		{[]string{"run"}, exitUsage, "", ""},
+		{[]string{"run", "--help"}, exitOK, "stdout", ""},
+		{[]string{"run", "help"}, exitOK, "stdout", ""},
+		{[]string{"run", "frobnicate"}, exitUsage, "", `unknown command "run frobnicate"`},
+	} {
+		r := s.wantExit(tc.code, tc.args...)
+		list := r.stderr
+		if tc.out == "stdout" {
+			list = r.stdout
+		}
+		for _, want := range []string{"usage: snapctl run <command>", "run create ", "run watch ", "run reissue-token ", "snapctl run <command> --help"} {
+			if !strings.Contains(list, want) {
+				t.Errorf("snapctl %v: the list lacks %q:\nstdout: %s\nstderr: %s", tc.args, want, r.stdout, r.stderr)
+			}
+		}
+		if strings.Contains(r.stderr, "unknown command") != (tc.err != "") || !strings.Contains(r.stderr, tc.err) {
+			t.Errorf("snapctl %v: stderr %q, want the error %q only if given", tc.args, r.stderr, tc.err)
+		}
+	}
+}

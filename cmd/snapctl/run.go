@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"time"
 
@@ -146,9 +147,50 @@ func run(ctx context.Context, args []string, e env) int {
 	}
 	cmd, rest, ok := findCommand(args)
 	if !ok {
-		return c.fail(usageErr(fmt.Errorf("unknown command %q; run 'snapctl help'", strings.Join(args[:min(2, len(args))], " "))))
+		return c.groupOrUnknown(args)
 	}
 	return c.fail(c.execute(ctx, cmd, rest))
+}
+
+// groupOrUnknown answers args that name no command. The first word of a
+// group of commands ("run") alone, or with --help, lists the group; with
+// a word that is none of its commands, the error lists them too.
+func (c *cli) groupOrUnknown(args []string) int {
+	group := subcommands(args[0])
+	if len(group) == 0 {
+		return c.fail(usageErr(fmt.Errorf("unknown command %q; run 'snapctl help'", strings.Join(args[:min(2, len(args))], " "))))
+	}
+	if len(args) > 1 && slices.Contains([]string{"help", "-h", "--help"}, args[1]) {
+		printGroup(c.stdout, args[0], group)
+		return exitOK
+	}
+	if len(args) == 1 {
+		printGroup(c.stderr, args[0], group)
+		return exitUsage
+	}
+	code := c.fail(usageErr(fmt.Errorf("unknown command %q", args[0]+" "+args[1])))
+	printGroup(c.stderr, args[0], group)
+	return code
+}
+
+// subcommands are the commands whose first word is group, when they have
+// a second.
+func subcommands(group string) []command {
+	var out []command
+	for _, c := range commands {
+		if first, _, ok := strings.Cut(c.name, " "); ok && first == group {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+func printGroup(w io.Writer, group string, cmds []command) {
+	fmt.Fprintf(w, "usage: snapctl %s <command> [flags] [arguments]\n\ncommands:\n", group)
+	for _, c := range cmds {
+		fmt.Fprintf(w, "  %-17s %s\n", c.name, c.summary)
+	}
+	fmt.Fprintf(w, "\nRun 'snapctl %s <command> --help' for a command's flags.\n", group)
 }
 
 // findCommand matches the longest command name at the start of args.

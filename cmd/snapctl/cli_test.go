@@ -362,3 +362,49 @@ func TestGroupAloneListsItsCommands(t *testing.T) {
 		}
 	}
 }
+
+// Under -o json an error is JSON too: one object on one line on stderr
+// (stdout holds results only), with the exit status and the gRPC code
+// when the coordinator gave one; wherever -o is, even after a bad flag.
+func TestErrorsAreJSONUnderOutputJSON(t *testing.T) {
+	s := startServer(t)
+	silent := &server{t: t, addr: silentPeer(t)}
+	for _, tc := range []struct {
+		s        *server
+		args     []string
+		code     int
+		grpcCode string
+		says     string
+	}{
+		{s, []string{"-o", "json", "run", "get", "nope"}, exitNotFound, "NotFound", `run "nope" not found`},
+		{s, []string{"run", "get", "nope", "--output=json"}, exitNotFound, "NotFound", `run "nope" not found`},
+		{s, []string{"--bogus", "-o", "json", "run", "list"}, exitUsage, "", "--bogus"},
+		{s, []string{"-o", "json", "run"}, exitUsage, "", "run create, run get"},
+		{s, []string{"run", "create", "r0", "--world-size", "1", "--budget", "0", "-o", "json"}, exitUsage, "", "--budget must be positive"},
+		{s, []string{"--token", "wrong", "-o", "json", "run", "list"}, exitAuth, "Unauthenticated", "list runs"},
+		{silent, []string{"-o", "json", "run", "list"}, exitUnavailable, "", "did not answer"},
+	} {
+		r := tc.s.snapctlEnv(noPlaintextEnv, tc.args...)
+		if r.code != tc.code || r.stdout != "" {
+			t.Errorf("snapctl %v: exit %d, stdout %q; want %d and nothing on stdout", tc.args, r.code, r.stdout, tc.code)
+		}
+		var e struct {
+			Error      string `json:"error"`
+			ExitStatus int    `json:"exit_status"`
+			GRPCCode   string `json:"grpc_code"`
+		}
+		dec := json.NewDecoder(strings.NewReader(r.stderr))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&e); err != nil || strings.Count(r.stderr, "\n") != 1 {
+			t.Errorf("snapctl %v: stderr %q is not one JSON object on one line: %v", tc.args, r.stderr, err)
+			continue
+		}
+		if e.ExitStatus != tc.code || e.GRPCCode != tc.grpcCode || !strings.Contains(e.Error, tc.says) || strings.HasPrefix(e.Error, "snapctl:") {
+			t.Errorf("snapctl %v: %+v; want exit_status %d, grpc_code %q, an error saying %q", tc.args, e, tc.code, tc.grpcCode, tc.says)
+		}
+	}
+	// The last -o wins, as for the output.
+	if r := s.wantExit(exitNotFound, "-o", "json", "-o", "table", "run", "get", "nope"); !strings.HasPrefix(r.stderr, "snapctl: get run nope: NotFound") {
+		t.Errorf("-o json -o table: stderr %q, want the text form", r.stderr)
+	}
+}

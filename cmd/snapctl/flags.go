@@ -19,6 +19,8 @@ type cli struct {
 	output   string          // -o
 	outputs  []string        // what -o accepts for this command; first is the default
 	setFlags map[string]bool // flags given on the command line, before the command or after it
+	// jsonErrors: -o json, so errors are printed as JSON too.
+	jsonErrors bool
 	// lastUnavailable is the last attempt of a call that failed UNAVAILABLE.
 	lastUnavailable attemptLog
 }

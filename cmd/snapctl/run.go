@@ -81,7 +81,8 @@ connection flags (and their environment variables):
                        (SNAPCOORD_CONNECT_TIMEOUT, default 1.5s)
   -o, --output table|json
                        output: human tables in local time (default), or
-                       protojson (events: one JSON object per line)
+                       protojson (events: one JSON object per line); with
+                       json, errors are one JSON object on stderr
 
 Exit status:
   0   success
@@ -113,7 +114,8 @@ func printUsage(w io.Writer) {
 
 // run is main without the process.
 func run(ctx context.Context, args []string, e env) int {
-	c := &cli{env: e, conn: connConfig{addr: "127.0.0.1:7070", timeout: 30 * time.Second, connectTimeout: defaultConnectTimeout}}
+	c := &cli{env: e, conn: connConfig{addr: "127.0.0.1:7070", timeout: 30 * time.Second, connectTimeout: defaultConnectTimeout},
+		jsonErrors: wantsJSONErrors(args)}
 	global := c.newFlagSet("snapctl")
 	showVersion := global.Bool("version", false, "print the version")
 	if err := c.applyEnv(global); err != nil {
@@ -134,6 +136,9 @@ func run(ctx context.Context, args []string, e env) int {
 	global.Visit(func(f *flag.Flag) { c.setFlags[f.Name] = true })
 	args = global.Args()
 	if len(args) == 0 {
+		if c.jsonErrors {
+			return c.fail(usageErr(errors.New("no command; run 'snapctl help'")))
+		}
 		printUsage(e.stderr)
 		return exitUsage
 	}
@@ -164,13 +169,25 @@ func (c *cli) groupOrUnknown(args []string) int {
 		printGroup(c.stdout, args[0], group)
 		return exitOK
 	}
-	if len(args) == 1 {
-		printGroup(c.stderr, args[0], group)
-		return exitUsage
+	switch {
+	case c.jsonErrors && len(args) == 1:
+		return c.fail(usageErr(fmt.Errorf("%q needs a command: %s", args[0], groupNames(group))))
+	case c.jsonErrors:
+		return c.fail(usageErr(fmt.Errorf("unknown command %q; the %s commands: %s", args[0]+" "+args[1], args[0], groupNames(group))))
+	case len(args) > 1:
+		c.fail(usageErr(fmt.Errorf("unknown command %q", args[0]+" "+args[1])))
 	}
-	code := c.fail(usageErr(fmt.Errorf("unknown command %q", args[0]+" "+args[1])))
 	printGroup(c.stderr, args[0], group)
-	return code
+	return exitUsage
+}
+
+// groupNames: "run create, run get, ...".
+func groupNames(cmds []command) string {
+	names := make([]string, len(cmds))
+	for i, c := range cmds {
+		names[i] = c.name
+	}
+	return strings.Join(names, ", ")
 }
 
 // subcommands are the commands whose first word is group, when they have
@@ -222,6 +239,7 @@ func (c *cli) execute(ctx context.Context, cmd command, args []string) error {
 	if err := c.checkOutput(); err != nil {
 		return err
 	}
+	c.jsonErrors = c.output == "json"
 	return runFn(ctx, pos)
 }
 

@@ -292,17 +292,20 @@ func hasKey(v any, path string) bool {
 	return true
 }
 
-// run watch starts with where the run stands, its state and last decision,
-// then follows; a run that has ended gets no countdown to B.
-func TestWatchStartsWithStateAndLastDecision(t *testing.T) {
+// run watch --from-now starts with where the run stands, its state and
+// last decision, then follows; a run that has ended gets no countdown to B.
+func TestWatchFromNowStartsWithStateAndLastDecision(t *testing.T) {
 	s := startServer(t)
 	tok := s.createRun("r1", "--world-size", "1", "--budget", "1h", "--margin", "30")
 	tr := s.trainer("r1", tok)
 	completeStep(t, tr, 1, time.Second, v1.StepAction_STEP_ACTION_CONTINUE)
 	completeStep(t, tr, 2, time.Second, v1.StepAction_STEP_ACTION_CONTINUE)
 
-	p := startProc(t, s.env(), bin.snapctl, "run", "watch", "r1")
+	p := startProc(t, s.env(), bin.snapctl, "run", "watch", "r1", "--from-now")
 	p.waitFor(t, "the watch to show the run", func(out string) bool { return strings.Contains(out, "last decision, step 2 at ") })
+	if strings.Contains(p.out.String(), "step 1") {
+		t.Errorf("run watch --from-now printed history (step 1):\n%s", p.out.String())
+	}
 	head := p.out.String()
 	for _, want := range []string{"run r1 is RUNNING at step 2; B = ", " (in ", "last decision, step 2 at ", ": continued: "} {
 		if !strings.Contains(head, want) {
@@ -319,7 +322,7 @@ func TestWatchStartsWithStateAndLastDecision(t *testing.T) {
 
 	// A run that has ended: its state, how its end stood to B, the last
 	// decision, and no "in N min".
-	r := s.wantExit(exitRunFailed, "run", "watch", "r1")
+	r := s.wantExit(exitRunFailed, "run", "watch", "r1", "--from-now")
 	for _, want := range []string{"run r1 is CANCELLED at step 3; B = ", "(the run ended ", " before B)", "last decision, step 3 at ", "run r1 ended CANCELLED"} {
 		if !strings.Contains(r.stdout, want) {
 			t.Errorf("run watch of an ended run lacks %q:\n%s", want, r.stdout)
@@ -406,5 +409,37 @@ func TestErrorsAreJSONUnderOutputJSON(t *testing.T) {
 	// The last -o wins, as for the output.
 	if r := s.wantExit(exitNotFound, "-o", "json", "-o", "table", "run", "get", "nope"); !strings.HasPrefix(r.stderr, "snapctl: get run nope: NotFound") {
 		t.Errorf("-o json -o table: stderr %q, want the text form", r.stderr)
+	}
+}
+
+// run watch prints the run's history first, as events --follow does (it
+// printed none: a watch started mid-run showed nothing of how it got
+// there), then follows; -o json prints the same events as JSON lines.
+func TestWatchPrintsHistoryFirst(t *testing.T) {
+	s := startServer(t)
+	tok := s.createRun("r1", "--world-size", "1", "--budget", "1h", "--margin", "30")
+	tr := s.trainer("r1", tok)
+	completeStep(t, tr, 1, time.Second, v1.StepAction_STEP_ACTION_CONTINUE)
+	completeStep(t, tr, 2, time.Second, v1.StepAction_STEP_ACTION_CONTINUE)
+	history := s.ok("events", "r1")
+
+	p := startProc(t, s.env(), bin.snapctl, "run", "watch", "r1")
+	p.waitFor(t, "the history", func(out string) bool { return strings.Contains(out, history) })
+	head := p.out.String()
+	if !strings.HasPrefix(head, "run r1 is RUNNING at step 2; B = ") || !strings.Contains(head, "step 1") {
+		t.Errorf("run watch began without the state and then the whole history (step 1 included):\n%s", head)
+	}
+	completeStep(t, tr, 3, time.Second, v1.StepAction_STEP_ACTION_CONTINUE)
+	p.waitFor(t, "step 3's decision", func(out string) bool { return strings.Contains(out[len(head):], "step 3") })
+	s.ok("run", "cancel", "r1", "--reason", "done watching")
+	if code := p.exitCode(t); code != exitRunFailed || !strings.Contains(p.out.String(), "run r1 ended CANCELLED") {
+		t.Errorf("run watch: exit %d, want %d after the cancel:\n%s", code, exitRunFailed, p.out.String())
+	}
+
+	// A run that has ended: its whole history, as JSON lines, and nothing else.
+	events := strings.Split(strings.TrimSpace(s.ok("events", "r1", "-o", "json")), "\n")
+	r := s.wantExit(exitRunFailed, "run", "watch", "r1", "-o", "json")
+	if got := strings.Split(strings.TrimSpace(r.stdout), "\n"); strings.Join(got, "\n") != strings.Join(events, "\n") || len(got) < 5 {
+		t.Errorf("run watch -o json of an ended run printed %d lines, want its %d events:\n%s", len(got), len(events), r.stdout)
 	}
 }

@@ -35,7 +35,7 @@ var commands = []command{
 	{"run create", "RUN_ID", "create a run; print its token once, for eval", setupRunCreate},
 	{"run get", "RUN_ID", "show a run: state, deadline B, estimates", setupRunGet},
 	{"run list", "", "list runs", setupRunList},
-	{"run watch", "RUN_ID", "show a run's state and last decision, then follow its events until it ends; exit status by its final state", setupRunWatch},
+	{"run watch", "RUN_ID", "show a run's state and history, then follow its events until it ends (--from-now: no history); exit status by its final state", setupRunWatch},
 	{"run explain", "RUN_ID", "explain the latest (or --step N) decision in plain words", setupRunExplain},
 	{"run extend", "RUN_ID", "move the deadline B (--budget, --must-save-by or --add)", setupRunExtend},
 	{"run trigger", "RUN_ID", "fire the deadline now", setupRunTrigger},

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+	"github.com/snapcoord/snapcoord/client"
 )
 
 // A time of day in Paris: the tests run snapctl with TZ=Europe/Paris.
@@ -292,14 +293,22 @@ func hasKey(v any, path string) bool {
 	return true
 }
 
-// run watch --from-now starts with where the run stands, its state and
-// last decision, then follows; a run that has ended gets no countdown to B.
-func TestWatchFromNowStartsWithStateAndLastDecision(t *testing.T) {
+// runAtStep2 is a server with run r1 RUNNING, steps 1 and 2 decided,
+// and the trainer that stepped it.
+func runAtStep2(t *testing.T) (*server, *client.Trainer) {
+	t.Helper()
 	s := startServer(t)
 	tok := s.createRun("r1", "--world-size", "1", "--budget", "1h", "--margin", "30")
 	tr := s.trainer("r1", tok)
 	completeStep(t, tr, 1, time.Second, v1.StepAction_STEP_ACTION_CONTINUE)
 	completeStep(t, tr, 2, time.Second, v1.StepAction_STEP_ACTION_CONTINUE)
+	return s, tr
+}
+
+// run watch --from-now starts with where the run stands, its state and
+// last decision, then follows; a run that has ended gets no countdown to B.
+func TestWatchFromNowStartsWithStateAndLastDecision(t *testing.T) {
+	s, tr := runAtStep2(t)
 
 	p := startProc(t, s.env(), bin.snapctl, "run", "watch", "r1", "--from-now")
 	p.waitFor(t, "the watch to show the run", func(out string) bool { return strings.Contains(out, "last decision, step 2 at ") })
@@ -416,11 +425,7 @@ func TestErrorsAreJSONUnderOutputJSON(t *testing.T) {
 // printed none: a watch started mid-run showed nothing of how it got
 // there), then follows; -o json prints the same events as JSON lines.
 func TestWatchPrintsHistoryFirst(t *testing.T) {
-	s := startServer(t)
-	tok := s.createRun("r1", "--world-size", "1", "--budget", "1h", "--margin", "30")
-	tr := s.trainer("r1", tok)
-	completeStep(t, tr, 1, time.Second, v1.StepAction_STEP_ACTION_CONTINUE)
-	completeStep(t, tr, 2, time.Second, v1.StepAction_STEP_ACTION_CONTINUE)
+	s, tr := runAtStep2(t)
 	history := s.ok("events", "r1")
 
 	p := startProc(t, s.env(), bin.snapctl, "run", "watch", "r1")

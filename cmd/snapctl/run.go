@@ -52,7 +52,8 @@ const usageHead = `usage: snapctl [connection flags] <command> [flags] [argument
 commands:
 `
 
-const usageTail = `  version           print the version and commit (also --version)
+const usageTail = `  completion SHELL  print a completion script for bash, zsh or fish
+  version           print the version and commit (also --version)
   help              print this help (also --help)
 
 Flags may come before or after the arguments. Every command takes the
@@ -149,6 +150,8 @@ func run(ctx context.Context, args []string, e env) int {
 	case "version":
 		fmt.Fprintln(e.stdout, version.String("snapctl"))
 		return exitOK
+	case "completion":
+		return c.fail(c.completion(args[1:]))
 	}
 	cmd, rest, ok := findCommand(args)
 	if !ok {

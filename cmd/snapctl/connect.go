@@ -60,8 +60,13 @@ func (c *cli) awaitLeader(ctx context.Context, conn *grpc.ClientConn) error {
 		return nil
 	}
 	resp, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{Service: v1.RunService_ServiceDesc.ServiceName})
-	if err != nil && errors.Is(context.Cause(ctx), errNoAnswer) {
-		return c.noAnswer("answered the connection but not a health check", nil)
+	if status.Code(err) == codes.DeadlineExceeded {
+		// The coordinator's side of the deadline (grpc-timeout) may end
+		// the call a moment before ctx's own timer fires.
+		<-ctx.Done()
+		if errors.Is(context.Cause(ctx), errNoAnswer) {
+			return c.noAnswer("answered the connection but not a health check", nil)
+		}
 	}
 	if err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_NOT_SERVING {
 		return nil // SERVING, or a coordinator without this health: the calls tell

@@ -7,6 +7,7 @@ import (
 	"net"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -215,6 +216,54 @@ func TestSilentPeerFailsFast(t *testing.T) {
 				t.Errorf("snapctl %v took %v to fail, want at most 2s", tc.args, took)
 			}
 		})
+	}
+}
+
+// unansweringHost is a loopback address whose TCP handshake never
+// completes, as a host that is down or behind a firewall that drops
+// packets: a listener with a backlog of 0, never accepting, whose queue
+// one connection fills (Linux then drops the SYNs).
+func unansweringHost(t *testing.T) string {
+	t.Helper()
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Close(fd) })
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Listen(fd, 0); err != nil {
+		t.Fatal(err)
+	}
+	sa, err := syscall.Getsockname(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := fmt.Sprintf("127.0.0.1:%d", sa.(*syscall.SockaddrInet4).Port)
+	filler, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { filler.Close() })
+	return addr
+}
+
+// A host that does not complete the TCP handshake is told apart from one
+// that accepts and says nothing; over a list, the error names the
+// addresses that accepted.
+func TestUnansweringHostIsNotCalledSilent(t *testing.T) {
+	down, silent := unansweringHost(t), silentPeer(t)
+	s := &server{t: t, addr: down}
+	for _, tc := range []struct{ addr, want string }{
+		{down, "no TCP connection within --connect-timeout 1.5s: the host does not answer"},
+		{down + "," + silent, silent + " accepted the connection but did not answer within --connect-timeout 1.5s"},
+	} {
+		start := time.Now()
+		r := s.snapctlEnv(noPlaintextEnv, "--addr", tc.addr, "run", "list")
+		if took := time.Since(start); r.code != exitUnavailable || !strings.Contains(r.stderr, tc.want) || took > 2*time.Second {
+			t.Errorf("--addr %s: exit %d after %v, stderr %q; want %d within 2s and %q", tc.addr, r.code, took, r.stderr, exitUnavailable, tc.want)
+		}
 	}
 }
 

@@ -61,7 +61,7 @@ func (c *cli) noAnswer(what string, probe *probeResult) error {
 	case probe != nil:
 		msg += fmt.Sprintf("%s the connection but did not answer within %s. Something holds the port without serving it: "+
 			"a coordinator that is stopped or hung, or another program that waits for its client to speak first. "+
-			"Check --addr (or SNAPCOORD_ADDR), and the coordinator's process and log", whoAccepted(probe.accepted), c.connectBoundName())
+			"Check --addr (or SNAPCOORD_ADDR), and the coordinator's process and log", c.whoAccepted(probe.accepted), c.connectBoundName())
 	default:
 		msg += fmt.Sprintf("it %s within %s: a coordinator that is hung or overloaded, or a server that is not snapcoord's. "+
 			"Check --addr (or SNAPCOORD_ADDR), and the coordinator's process and log", what, c.connectBoundName())
@@ -70,10 +70,10 @@ func (c *cli) noAnswer(what string, probe *probeResult) error {
 	return withExit(exitUnavailable, fmt.Errorf("%s (a coordinator on a slow link may need a longer %s)", msg, flagName))
 }
 
-// whoAccepted: "it accepted" for one address, "a:1, b:2 accepted" for a
-// list.
-func whoAccepted(addrs []string) string {
-	if len(addrs) == 1 {
+// whoAccepted: "it accepted" for --addr's one address, "a:1, b:2
+// accepted" for those of a list that did.
+func (c *cli) whoAccepted(addrs []string) string {
+	if len(client.Addrs(c.conn.addr)) == 1 {
 		return "it accepted"
 	}
 	return strings.Join(addrs, ", ") + " accepted"

@@ -194,6 +194,7 @@ func snapshotEnv(s snapshotOrder) []string {
 		"SNAPCOORD_REASON=" + s.reason,
 		fmt.Sprintf("SNAPCOORD_ANCHOR_STEP=%d", s.anchorStep),
 		fmt.Sprintf("SNAPCOORD_FORCED=%t", s.forced),
+		fmt.Sprintf("SNAPCOORD_BACKSTOP=%t", s.backstop),
 		"SNAPCOORD_MUST_FINISH_BY=" + mustFinish,
 	}
 }

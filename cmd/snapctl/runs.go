@@ -286,6 +286,8 @@ func describeFire(r *v1.Run) string {
 			return at + ", by hand, before the first step"
 		}
 		return fmt.Sprintf("%s, by hand, at step %d", at, r.GetFiredAtStep())
+	case v1.DeadlineFireKind_DEADLINE_FIRE_KIND_LOCAL:
+		return fmt.Sprintf("%s, by the trainer ranks on their own while the coordinator was out of reach, at step %d", at, r.GetFiredAtStep())
 	}
 	return fmt.Sprintf("%s, at step %d", at, r.GetFiredAtStep())
 }

@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"time"
 	"unicode"
 
@@ -28,6 +30,7 @@ type sidecarConfig struct {
 	poll                          bool
 	pollInterval, hookTimeout     time.Duration
 	logLevel                      slog.Level
+	backstop                      backstopSignal
 }
 
 func setupSidecar(fs *flag.FlagSet, c *cli) func(context.Context, []string) error {
@@ -44,6 +47,8 @@ func setupSidecar(fs *flag.FlagSet, c *cli) func(context.Context, []string) erro
 	durations.Var(fs, &s.pollInterval, "poll-interval", 30*time.Second, durations.Options{}, "with --poll, the longest wait of one poll, rounded up to whole seconds, at most 1h (a command ends it at once)")
 	durations.Var(fs, &s.hookTimeout, "hook-timeout", 10*time.Minute, durations.Options{}, "kill a Snapshot hook after this long (SaveAtDeadline: at must_finish_by)")
 	fs.TextVar(&s.logLevel, "log-level", slog.LevelInfo, "log `level`: debug, info, warn or error")
+	s.backstop.sig = syscall.SIGUSR1
+	fs.Var(&s.backstop, "backstop-signal", "on this `signal` (USR1, USR2, HUP, ALRM or none), if the coordinator cannot be reached, run --on-snapshot for a local deadline snapshot (Slurm's --signal)")
 	return func(ctx context.Context, args []string) error {
 		if err := wantArgs(args); err != nil {
 			return err
@@ -85,12 +90,22 @@ type sidecar struct {
 	w     *client.Worker
 	rep   *reporter // reports w's snapshots
 	log   *slog.Logger
+
+	backstop     chan string // a local backstop snapshot's id, from watchBackstop
+	backstopDone atomic.Pointer[backstopTaken]
+	// Kept by serve: the deadline snapshot whose hook this process ran
+	// (the coordinator's or a backstop), and the anchor step of the last
+	// snapshot command, the best a backstop knows of the trainer's step.
+	deadlineID string
+	lastAnchor int64
 }
 
 // sidecar registers --workers environment workers over one connection,
 // follows their commands, and deregisters each when it returns (after a
 // Stop, on SIGTERM, or on an error).
 func (c *cli) sidecar(ctx context.Context, cfg sidecarConfig) error {
+	sigs, stopSigs := notifyBackstop(cfg.backstop.sig)
+	defer stopSigs()
 	cl, err := c.dial(cfg.runToken)
 	if err != nil {
 		return err
@@ -123,7 +138,15 @@ func (c *cli) sidecar(ctx context.Context, cfg sidecarConfig) error {
 			s.leave(ctx)
 		})
 	}
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		watchBackstop(watchCtx, cfg.backstop.String(), sigs, cl, cfg.runID, workers, log)
+	}()
 	wg.Wait()
+	stopWatch()
+	<-watched
 	return errors.Join(errs...)
 }
 
@@ -145,7 +168,8 @@ func (c *cli) startSidecarWorker(ctx context.Context, cl *client.Client, cfg sid
 		return nil, err
 	}
 	log.Info("registered", "run_id", cfg.runID, "worker_id", w.ID(), "incarnation", w.Incarnation())
-	return &sidecar{c: c, cfg: cfg, name: name, index: index, w: w, rep: newReporter(w, log), log: log}, nil
+	return &sidecar{c: c, cfg: cfg, name: name, index: index, w: w, rep: newReporter(w, log), log: log,
+		backstop: make(chan string, 1)}, nil
 }
 
 // leave deregisters the worker, even while the sidecar is being stopped.
@@ -170,6 +194,8 @@ func (s *sidecar) serve(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return s.leaveOnSignal(running)
+		case id := <-s.backstop:
+			running = s.takeBackstop(ctx, running, id)
 		case cmd, ok := <-s.w.Commands():
 			switch {
 			case !ok:
@@ -222,6 +248,10 @@ func (s *sidecar) next(ctx context.Context, running *hookRun, cmd *v1.Command) *
 	}
 	// After the kill: --hook-timeout counts from the hook's start.
 	o, _ = orderOf(cmd, time.Now(), s.cfg.hookTimeout)
+	s.lastAnchor = o.anchorStep
+	if cmd.GetSaveAtDeadline() != nil {
+		s.deadlineID = o.id
+	}
 	return s.start(ctx, o)
 }
 
@@ -287,6 +317,7 @@ type snapshotOrder struct {
 	id, reason   string
 	anchorStep   int64
 	forced       bool
+	backstop     bool      // a local deadline snapshot: the coordinator was unreachable
 	mustFinishBy time.Time // the hook is killed then; zero: never
 }
 
@@ -319,10 +350,14 @@ func (s *sidecar) snapshot(ctx context.Context, o snapshotOrder) {
 		stdout: s.c.stdout, stderr: s.c.stderr}.run(ctx)
 	outcome := enumtext.Name(res.outcome)
 	s.log.Info("snapshot done", "snapshot_id", o.id, "outcome", outcome, "took", res.took.Round(time.Millisecond), "message", res.message)
-	if errors.Is(context.Cause(ctx), errRunStopped) {
+	switch {
+	case errors.Is(context.Cause(ctx), errRunStopped):
 		return // the run is terminal: the coordinator would refuse the report
+	case o.backstop:
+		s.keepBackstop(o, res)
+		return
 	}
-	s.rep.report(ctx, o.id, res)
+	s.rep.report(ctx, o.id, s.withBackstopNote(o, res))
 }
 
 // stop runs --on-stop; the sidecar then exits 0, or 10 if the hook failed.

@@ -9,6 +9,7 @@ import (
 
 	storagev1 "github.com/snapcoord/snapcoord/api/snapcoord/storage/v1"
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+	"github.com/snapcoord/snapcoord/server/deadline"
 )
 
 func (e *Engine) reportCheckpoint(ctx context.Context, req *v1.ReportCheckpointRequest) (*v1.ReportCheckpointResponse, error) {
@@ -170,6 +171,7 @@ func (m stepMut) armSaveTimeout() {
 	r := m.r
 	if r.state() != v1.RunState_RUN_STATE_SAVING {
 		m.disarm(timerSave)
+		m.disarm(timerSaveLate)
 		return
 	}
 	at := m.saveDeadline()
@@ -178,6 +180,66 @@ func (m stepMut) armSaveTimeout() {
 			m.failRun(m.steps().lateSave(at))
 		}
 	})
+	m.armSaveLate()
+}
+
+// armSaveLate warns of the ranks that have not reported the deadline
+// checkpoint once the environment snapshot and the margin no longer fit
+// before the save's bound (B - R - M, and not before C + M from the fire):
+// the run would fail only at B, and a loop that saves but never reports (a
+// forgotten checkpoint_saved() in the NeMo RL drop-in) deserves to hear why
+// while there is time. After a restart past that moment it stays quiet: the
+// bound at B still holds.
+func (m stepMut) armSaveLate() {
+	d := m.e.deadlineView(m.r)
+	fired := m.r.rec.Run.FiredAt.AsTime()
+	at := m.saveDeadline().Add(-deadline.Seconds(d.SaveReserveSeconds + d.MarginSeconds))
+	if early := fired.Add(deadline.Seconds(d.CheckpointSeconds + d.MarginSeconds)); at.Before(early) {
+		at = early
+	}
+	if !at.After(m.now) {
+		return
+	}
+	m.arm(timerSaveLate, at, func(m *mut) {
+		if m.r.state() == v1.RunState_RUN_STATE_SAVING {
+			m.steps().warnUnsaved(m.steps().unsavedRanks(), func(rank string, step int64) string {
+				return fmt.Sprintf("rank %s has not reported its checkpoint of step %d %s after the deadline fired, when the snapshot and the margin still had to follow it before %s",
+					rank, step, at.Sub(fired).Round(time.Millisecond), m.steps().saveDeadline().UTC().Format(time.RFC3339))
+			})
+		}
+	})
+}
+
+// unsavedRanks are the ranks that have not reported the fired step SAVED.
+func (m stepMut) unsavedRanks() []int32 {
+	r := m.r
+	st := r.steps[r.rec.Run.FiredAtStep]
+	var late []int32
+	for rank := range r.rec.Run.Spec.TrainerWorldSize {
+		if st == nil || !slices.Contains(st.SavedRanks, rank) {
+			late = append(late, rank)
+		}
+	}
+	return late
+}
+
+// warnUnsaved records a WARNING for each of ranks that has not reported the
+// checkpoint of the fired step while the run waits for it; what says what
+// the rank did, given its name and the step.
+func (m stepMut) warnUnsaved(ranks []int32, what func(rank string, step int64) string) {
+	r := m.r
+	step := r.rec.Run.FiredAtStep
+	if r.state() != v1.RunState_RUN_STATE_SAVING || step == 0 {
+		return
+	}
+	st := r.steps[step]
+	for _, rank := range ranks {
+		if st != nil && slices.Contains(st.SavedRanks, rank) {
+			continue
+		}
+		m.log().event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_WARNING, Step: step, Message: what(m.workers().rankName(rank), step) +
+			": a rank reports CHECKPOINT_PHASE_SAVED once it has saved (checkpoint_saved() in the NeMo RL drop-in); without it the run fails at B"})
+	}
 }
 
 // saveDeadline is B, or, when the deadline fired by hand with B already past
@@ -201,10 +263,8 @@ func (m stepMut) lateSave(at time.Time) string {
 		return fmt.Sprintf("the checkpoint of step %d was saved by all ranks but not published by %s", step, by)
 	}
 	var late []string
-	for rank := range r.rec.Run.Spec.TrainerWorldSize {
-		if st == nil || !slices.Contains(st.SavedRanks, rank) {
-			late = append(late, m.workers().rankName(rank))
-		}
+	for _, rank := range m.unsavedRanks() {
+		late = append(late, m.workers().rankName(rank))
 	}
 	return fmt.Sprintf("the checkpoint of step %d was not saved by %s: no CHECKPOINT_PHASE_SAVED from rank %s",
 		step, by, strings.Join(late, ", "))

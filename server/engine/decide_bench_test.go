@@ -39,13 +39,13 @@ func benchDecide(b *testing.B, spec *v1.RunSpec, before time.Duration) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	probe := newRunState(proto.Clone(r.rec).(*storagev1.RunRecord)) // the clock stands: no timer it arms runs
-	if d := (&mut{e: h.e, r: probe, now: now}).steps().decide(41); d.Action != v1.StepAction_STEP_ACTION_CONTINUE {
+	if d := (&mut{e: h.e, r: probe, now: now}).steps().decide(41, localAction{}); d.Action != v1.StepAction_STEP_ACTION_CONTINUE {
 		b.Fatalf("%s before B: %v (%s), want CONTINUE", before, d.Action, d.Explanation)
 	}
 	b.ReportAllocs()
 	for b.Loop() {
 		m := mut{e: h.e, r: r, now: now}
-		m.steps().decide(41)
+		m.steps().decide(41, localAction{})
 	}
 }
 

@@ -22,6 +22,7 @@ const (
 	timerInterval
 	timerSnapshot
 	timerSave
+	timerSaveLate
 	timerMissed
 	numTimers
 )

@@ -13,11 +13,12 @@ import (
 func (e *Engine) completeStep(ctx context.Context, req *v1.CompleteStepRequest) (*v1.CompleteStepResponse, error) {
 	var d *v1.Decision
 	err := e.mutate(ctx, req.RunId, func(m *mut) error {
-		if _, err := m.r.worker(req.WorkerId, req.Incarnation, v1.WorkerRole_WORKER_ROLE_TRAINER, "CompleteStep"); err != nil {
+		w, err := m.r.worker(req.WorkerId, req.Incarnation, v1.WorkerRole_WORKER_ROLE_TRAINER, "CompleteStep")
+		if err != nil {
 			return err
 		}
-		var err error
-		d, err = m.steps().completeStep(ctx, req.Step, req.IterationSeconds)
+		local := localAction{action: req.LocalAction, rank: w.w.Rank}
+		d, err = m.steps().completeStep(ctx, req.Step, req.IterationSeconds, local)
 		return err
 	})
 	if err != nil {
@@ -26,10 +27,18 @@ func (e *Engine) completeStep(ctx context.Context, req *v1.CompleteStepRequest) 
 	return &v1.CompleteStepResponse{Step: d.Step, Action: d.Action, Explanation: d.Explanation, Decision: d}, nil
 }
 
+// localAction is what a rank did at a step on its own while it could not
+// reach the coordinator (CompleteStepRequest.local_action): UNSPECIFIED for
+// an ordinary question.
+type localAction struct {
+	action v1.StepAction
+	rank   int32
+}
+
 // completeStep records the iteration and returns the step's decision: the
 // stored one if a rank already asked, else a new one, stored before any rank
 // hears it. A terminal run answers STOP without recording anything.
-func (m stepMut) completeStep(ctx context.Context, step int64, iterSeconds float64) (*v1.Decision, error) {
+func (m stepMut) completeStep(ctx context.Context, step int64, iterSeconds float64, local localAction) (*v1.Decision, error) {
 	r := m.r
 	st, err := m.step(ctx, step)
 	if err != nil {
@@ -59,7 +68,7 @@ func (m stepMut) completeStep(ctx context.Context, step int64, iterSeconds float
 		r.rec.Run.LastStep = step
 	}
 	m.firstStep(step)
-	st.Decision = m.decide(step)
+	st.Decision = m.decide(step, local)
 	m.putStep(st)
 	m.trimSteps()
 	d := st.Decision
@@ -101,8 +110,9 @@ func (m stepMut) observeIteration(st *storagev1.StepRecord, sec float64) {
 }
 
 // decide applies the rule to a step no rank asked about yet, and fires the
-// deadline if it says so.
-func (m stepMut) decide(step int64) *v1.Decision {
+// deadline if it says so. A step a rank already acted on by itself is
+// decided as it acted, unless the deadline fired meanwhile.
+func (m stepMut) decide(step int64, local localAction) *v1.Decision {
 	r := m.r
 	m.missed().decidedLate(step, fmt.Sprintf("step %d was decided", step))
 	p, o := m.e.policyOf(r), r.observations(step)
@@ -117,6 +127,8 @@ func (m stepMut) decide(step int64) *v1.Decision {
 	case r.fired():
 		d.Action = v1.StepAction_STEP_ACTION_STOP
 		d.Explanation = "the deadline already fired (" + firedWhere(r) + "): stop"
+	case local.action != v1.StepAction_STEP_ACTION_UNSPECIFIED:
+		m.decideAsActed(d, local)
 	case r.rec.ManualFirePending:
 		d.Action = v1.StepAction_STEP_ACTION_SAVE_AND_STOP
 		d.Explanation = "deadline triggered by hand (" + r.rec.ManualFireReason + "): save now and stop"
@@ -142,6 +154,20 @@ func (m stepMut) decide(step int64) *v1.Decision {
 		}
 	}
 	return d
+}
+
+// decideAsActed records what a rank already did at a step while the
+// coordinator was out of its reach: it cannot be undone, and the other ranks,
+// which followed the same plan from the same last decision, did the same.
+// A hand trigger still pending waits for the next step.
+func (m stepMut) decideAsActed(d *v1.Decision, local localAction) {
+	d.Action = local.action
+	if local.action == v1.StepAction_STEP_ACTION_CONTINUE {
+		d.Explanation = fmt.Sprintf("rank %d could not reach the coordinator and went on, by its plan from the run's last decision: continue", local.rank)
+		return
+	}
+	d.Explanation = fmt.Sprintf("rank %d could not reach the coordinator and saved by its plan from the run's last decision: the deadline save", local.rank)
+	m.fire(v1.DeadlineFireKind_DEADLINE_FIRE_KIND_LOCAL, d.Step, d.Explanation)
 }
 
 func firedWhere(r *runState) string {

@@ -101,6 +101,7 @@ func (e *Engine) registerWorker(ctx context.Context, req *v1.RegisterWorkerReque
 		resp.WorkerId, resp.Incarnation = w.w.WorkerId, w.w.Incarnation
 		resp.RunState, resp.LastCommandSeq = m.r.state(), m.r.rec.LastCommandSeq
 		resp.ResumeAfterSeq = m.r.resumeAfter(w)
+		resp.LastCheckpointStep = m.r.rec.Run.LastPublishedStep
 		return nil
 	})
 	if err != nil {
@@ -343,6 +344,11 @@ func (m workerMut) leave(w *workerState, why string) {
 	m.putWorker(w)
 	m.log().event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_WORKER_LEFT, WorkerId: w.w.WorkerId,
 		Message: fmt.Sprintf("%s %q (%s) left: %s", roleWord(w.w), w.w.Name, w.w.WorkerId, why)})
+	if w.w.Role == v1.WorkerRole_WORKER_ROLE_TRAINER {
+		m.steps().warnUnsaved([]int32{w.w.Rank}, func(rank string, step int64) string {
+			return fmt.Sprintf("rank %s left without reporting its checkpoint of step %d, which the deadline save waits for", rank, step)
+		})
+	}
 	m.workerGone()
 }
 
@@ -471,12 +477,25 @@ func decodeWorkerToken(tok string) (*workerKey, error) {
 
 func (m workerMut) putWorker(w *workerState) { m.b.PutWorker(m.r.id, w.w) }
 
-// rankName is "3" or, when a worker holds the rank, `3 (w4-…, "rank-3", LOST)`.
+// rankName is `3 (w4-…, "rank-3", LOST)` for the worker that holds the rank
+// or, if none does, the one that held it last (LEFT), else "3 (never
+// registered)".
 func (m workerMut) rankName(rank int32) string {
+	var held *workerState
 	for _, w := range m.r.workers {
-		if w.w.Role == v1.WorkerRole_WORKER_ROLE_TRAINER && w.w.Rank == rank && w.w.State != v1.WorkerState_WORKER_STATE_LEFT {
-			return fmt.Sprintf("%d (%s, %q, %s)", rank, w.w.WorkerId, w.w.Name, workerStateName(w))
+		if w.w.Role != v1.WorkerRole_WORKER_ROLE_TRAINER || w.w.Rank != rank {
+			continue
+		}
+		if w.w.State != v1.WorkerState_WORKER_STATE_LEFT {
+			held = w
+			break
+		}
+		if held == nil || w.w.Incarnation > held.w.Incarnation {
+			held = w
 		}
 	}
-	return fmt.Sprintf("%d (never registered)", rank)
+	if held == nil {
+		return fmt.Sprintf("%d (never registered)", rank)
+	}
+	return fmt.Sprintf("%d (%s, %q, %s)", rank, held.w.WorkerId, held.w.Name, workerStateName(held))
 }

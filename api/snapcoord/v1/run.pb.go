@@ -243,6 +243,10 @@ const (
 	DeadlineFireKind_DEADLINE_FIRE_KIND_PRE_STEP DeadlineFireKind = 2
 	// An operator called TriggerDeadline.
 	DeadlineFireKind_DEADLINE_FIRE_KIND_MANUAL DeadlineFireKind = 3
+	// A trainer rank that could not reach the coordinator decided
+	// SAVE_AND_STOP on its own, from the run's last decision, and reported it
+	// when the coordinator answered again (CompleteStepRequest.local_action).
+	DeadlineFireKind_DEADLINE_FIRE_KIND_LOCAL DeadlineFireKind = 4
 )
 
 // Enum value maps for DeadlineFireKind.
@@ -252,12 +256,14 @@ var (
 		1: "DEADLINE_FIRE_KIND_STEP",
 		2: "DEADLINE_FIRE_KIND_PRE_STEP",
 		3: "DEADLINE_FIRE_KIND_MANUAL",
+		4: "DEADLINE_FIRE_KIND_LOCAL",
 	}
 	DeadlineFireKind_value = map[string]int32{
 		"DEADLINE_FIRE_KIND_UNSPECIFIED": 0,
 		"DEADLINE_FIRE_KIND_STEP":        1,
 		"DEADLINE_FIRE_KIND_PRE_STEP":    2,
 		"DEADLINE_FIRE_KIND_MANUAL":      3,
+		"DEADLINE_FIRE_KIND_LOCAL":       4,
 	}
 )
 
@@ -1180,12 +1186,13 @@ const file_snapcoord_v1_run_proto_rawDesc = "" +
 	"\rReservePolicy\x12\x1e\n" +
 	"\x1aRESERVE_POLICY_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12RESERVE_POLICY_MAX\x10\x01\x12 \n" +
-	"\x1cRESERVE_POLICY_EXPECTED_LOSS\x10\x02*\x93\x01\n" +
+	"\x1cRESERVE_POLICY_EXPECTED_LOSS\x10\x02*\xb1\x01\n" +
 	"\x10DeadlineFireKind\x12\"\n" +
 	"\x1eDEADLINE_FIRE_KIND_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17DEADLINE_FIRE_KIND_STEP\x10\x01\x12\x1f\n" +
 	"\x1bDEADLINE_FIRE_KIND_PRE_STEP\x10\x02\x12\x1d\n" +
-	"\x19DEADLINE_FIRE_KIND_MANUAL\x10\x03B\xaa\x01\n" +
+	"\x19DEADLINE_FIRE_KIND_MANUAL\x10\x03\x12\x1c\n" +
+	"\x18DEADLINE_FIRE_KIND_LOCAL\x10\x04B\xaa\x01\n" +
 	"\x10com.snapcoord.v1B\bRunProtoP\x01Z;github.com/snapcoord/snapcoord/api/snapcoord/v1;snapcoordv1\xa2\x02\x03SXX\xaa\x02\fSnapcoord.V1\xca\x02\fSnapcoord\\V1\xe2\x02\x18Snapcoord\\V1\\GPBMetadata\xea\x02\rSnapcoord::V1b\x06proto3"
 
 var (

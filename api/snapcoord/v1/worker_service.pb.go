@@ -187,8 +187,13 @@ type RegisterWorkerResponse struct {
 	// while it is not published. Then just before that command, so that the
 	// new process does its part.
 	ResumeAfterSeq int64 `protobuf:"varint,7,opt,name=resume_after_seq,json=resumeAfterSeq,proto3" json:"resume_after_seq,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The run's newest checkpoint saved by every rank (and, with deferred
+	// finalize, published): Run.last_published_step, 0 if none. A trainer
+	// that resumes from its newest checkpoint without knowing its step (a
+	// Slurm requeue) continues after it.
+	LastCheckpointStep int64 `protobuf:"varint,8,opt,name=last_checkpoint_step,json=lastCheckpointStep,proto3" json:"last_checkpoint_step,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *RegisterWorkerResponse) Reset() {
@@ -266,6 +271,13 @@ func (x *RegisterWorkerResponse) GetLastCommandSeq() int64 {
 func (x *RegisterWorkerResponse) GetResumeAfterSeq() int64 {
 	if x != nil {
 		return x.ResumeAfterSeq
+	}
+	return 0
+}
+
+func (x *RegisterWorkerResponse) GetLastCheckpointStep() int64 {
+	if x != nil {
+		return x.LastCheckpointStep
 	}
 	return 0
 }
@@ -512,7 +524,17 @@ type CompleteStepRequest struct {
 	// registered under the worker's name since, the call fails with
 	// FAILED_PRECONDITION and ErrorInfo reason WORKER_SUPERSEDED, and changes
 	// nothing: this process must stop. 0 skips the check.
-	Incarnation   int64 `protobuf:"varint,5,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
+	Incarnation int64 `protobuf:"varint,5,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
+	// What this rank already did at this step on its own, because it could not
+	// reach the coordinator when it finished the step (the clients' fail-safe:
+	// see docs/design.md), reported once the coordinator answers again, step by
+	// step in order. Unset: an ordinary question. CONTINUE or SAVE_AND_STOP:
+	// if no rank asked about the step yet, the rank's action becomes the
+	// step's decision, the same for every rank (SAVE_AND_STOP fires the
+	// deadline, DEADLINE_FIRE_KIND_LOCAL); if the step was decided already,
+	// the stored decision is returned as always, and the client tells its
+	// user if it differs from what the rank did.
+	LocalAction   StepAction `protobuf:"varint,6,opt,name=local_action,json=localAction,proto3,enum=snapcoord.v1.StepAction" json:"local_action,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -580,6 +602,13 @@ func (x *CompleteStepRequest) GetIncarnation() int64 {
 		return x.Incarnation
 	}
 	return 0
+}
+
+func (x *CompleteStepRequest) GetLocalAction() StepAction {
+	if x != nil {
+		return x.LocalAction
+	}
+	return StepAction_STEP_ACTION_UNSPECIFIED
 }
 
 // CompleteStepResponse is the decision for the step.
@@ -1340,7 +1369,7 @@ const file_snapcoord_v1_worker_service_proto_rawDesc = "" +
 	"\xbaH\a\x82\x01\x04\x10\x01 \x00R\x04role\x12@\n" +
 	"\x04name\x18\x03 \x01(\tB,\xbaH)r'2%^[A-Za-z0-9][A-Za-z0-9._:/@-]{0,127}$R\x04name\x12\x1f\n" +
 	"\x04rank\x18\x04 \x01(\x05B\v\xbaH\b\x1a\x06\x18\xff\xff\x03(\x00R\x04rank\x12)\n" +
-	"\vincarnation\x18\x05 \x01(\x03B\a\xbaH\x04\"\x02(\x00R\vincarnation\"\xe2\x02\n" +
+	"\vincarnation\x18\x05 \x01(\x03B\a\xbaH\x04\"\x02(\x00R\vincarnation\"\x94\x03\n" +
 	"\x16RegisterWorkerResponse\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12 \n" +
 	"\vincarnation\x18\x02 \x01(\x03R\vincarnation\x12H\n" +
@@ -1348,7 +1377,8 @@ const file_snapcoord_v1_worker_service_proto_rawDesc = "" +
 	"\tlease_ttl\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\bleaseTtl\x123\n" +
 	"\trun_state\x18\x05 \x01(\x0e2\x16.snapcoord.v1.RunStateR\brunState\x12(\n" +
 	"\x10last_command_seq\x18\x06 \x01(\x03R\x0elastCommandSeq\x12(\n" +
-	"\x10resume_after_seq\x18\a \x01(\x03R\x0eresumeAfterSeq\"\xa1\x01\n" +
+	"\x10resume_after_seq\x18\a \x01(\x03R\x0eresumeAfterSeq\x120\n" +
+	"\x14last_checkpoint_step\x18\b \x01(\x03R\x12lastCheckpointStep\"\xa1\x01\n" +
 	"\x10HeartbeatRequest\x12:\n" +
 	"\x06run_id\x18\x01 \x01(\tB#\xbaH r\x1e2\x1c^[a-z0-9][a-z0-9._-]{0,127}$R\x05runId\x12&\n" +
 	"\tworker_id\x18\x02 \x01(\tB\t\xbaH\x06r\x04\x10\x01\x18@R\bworkerId\x12)\n" +
@@ -1360,13 +1390,14 @@ const file_snapcoord_v1_worker_service_proto_rawDesc = "" +
 	"\x06run_id\x18\x01 \x01(\tB#\xbaH r\x1e2\x1c^[a-z0-9][a-z0-9._-]{0,127}$R\x05runId\x12&\n" +
 	"\tworker_id\x18\x02 \x01(\tB\t\xbaH\x06r\x04\x10\x01\x18@R\bworkerId\x12)\n" +
 	"\vincarnation\x18\x03 \x01(\x03B\a\xbaH\x04\"\x02(\x00R\vincarnation\"\x1a\n" +
-	"\x18DeregisterWorkerResponse\"\x90\x02\n" +
+	"\x18DeregisterWorkerResponse\"\xdb\x02\n" +
 	"\x13CompleteStepRequest\x12:\n" +
 	"\x06run_id\x18\x01 \x01(\tB#\xbaH r\x1e2\x1c^[a-z0-9][a-z0-9._-]{0,127}$R\x05runId\x12&\n" +
 	"\tworker_id\x18\x02 \x01(\tB\t\xbaH\x06r\x04\x10\x01\x18@R\bworkerId\x12\"\n" +
 	"\x04step\x18\x03 \x01(\x03B\x0e\xbaH\v\"\t\x18\x80\xa0\x94\xa5\x8d\x1d(\x01R\x04step\x12F\n" +
 	"\x11iteration_seconds\x18\x04 \x01(\x01B\x19\xbaH\x16\x12\x14@\x01\x19\x00\x00\x00\x008\x13~A)\x00\x00\x00\x00\x00\x00\x00\x00R\x10iterationSeconds\x12)\n" +
-	"\vincarnation\x18\x05 \x01(\x03B\a\xbaH\x04\"\x02(\x00R\vincarnation\"\xb2\x01\n" +
+	"\vincarnation\x18\x05 \x01(\x03B\a\xbaH\x04\"\x02(\x00R\vincarnation\x12I\n" +
+	"\flocal_action\x18\x06 \x01(\x0e2\x18.snapcoord.v1.StepActionB\f\xbaH\t\x82\x01\x06\x18\x00\x18\x01\x18\x02R\vlocalAction\"\xb2\x01\n" +
 	"\x14CompleteStepResponse\x12\x12\n" +
 	"\x04step\x18\x01 \x01(\x03R\x04step\x120\n" +
 	"\x06action\x18\x02 \x01(\x0e2\x18.snapcoord.v1.StepActionR\x06action\x12 \n" +
@@ -1484,39 +1515,40 @@ var file_snapcoord_v1_worker_service_proto_depIdxs = []int32{
 	21, // 3: snapcoord.v1.RegisterWorkerResponse.run_state:type_name -> snapcoord.v1.RunState
 	21, // 4: snapcoord.v1.HeartbeatResponse.run_state:type_name -> snapcoord.v1.RunState
 	22, // 5: snapcoord.v1.HeartbeatResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
-	23, // 6: snapcoord.v1.CompleteStepResponse.action:type_name -> snapcoord.v1.StepAction
-	24, // 7: snapcoord.v1.CompleteStepResponse.decision:type_name -> snapcoord.v1.Decision
-	0,  // 8: snapcoord.v1.ReportCheckpointRequest.phase:type_name -> snapcoord.v1.CheckpointPhase
-	21, // 9: snapcoord.v1.ReportCheckpointResponse.run_state:type_name -> snapcoord.v1.RunState
-	25, // 10: snapcoord.v1.ReportSnapshotRequest.outcome:type_name -> snapcoord.v1.SnapshotOutcome
-	21, // 11: snapcoord.v1.ReportSnapshotResponse.run_state:type_name -> snapcoord.v1.RunState
-	21, // 12: snapcoord.v1.FinishRunResponse.run_state:type_name -> snapcoord.v1.RunState
-	26, // 13: snapcoord.v1.StreamCommandsResponse.command:type_name -> snapcoord.v1.Command
-	26, // 14: snapcoord.v1.PollCommandsResponse.commands:type_name -> snapcoord.v1.Command
-	21, // 15: snapcoord.v1.PollCommandsResponse.run_state:type_name -> snapcoord.v1.RunState
-	1,  // 16: snapcoord.v1.WorkerService.RegisterWorker:input_type -> snapcoord.v1.RegisterWorkerRequest
-	3,  // 17: snapcoord.v1.WorkerService.Heartbeat:input_type -> snapcoord.v1.HeartbeatRequest
-	5,  // 18: snapcoord.v1.WorkerService.DeregisterWorker:input_type -> snapcoord.v1.DeregisterWorkerRequest
-	7,  // 19: snapcoord.v1.WorkerService.CompleteStep:input_type -> snapcoord.v1.CompleteStepRequest
-	9,  // 20: snapcoord.v1.WorkerService.ReportCheckpoint:input_type -> snapcoord.v1.ReportCheckpointRequest
-	11, // 21: snapcoord.v1.WorkerService.ReportSnapshot:input_type -> snapcoord.v1.ReportSnapshotRequest
-	13, // 22: snapcoord.v1.WorkerService.FinishRun:input_type -> snapcoord.v1.FinishRunRequest
-	15, // 23: snapcoord.v1.WorkerService.StreamCommands:input_type -> snapcoord.v1.StreamCommandsRequest
-	17, // 24: snapcoord.v1.WorkerService.PollCommands:input_type -> snapcoord.v1.PollCommandsRequest
-	2,  // 25: snapcoord.v1.WorkerService.RegisterWorker:output_type -> snapcoord.v1.RegisterWorkerResponse
-	4,  // 26: snapcoord.v1.WorkerService.Heartbeat:output_type -> snapcoord.v1.HeartbeatResponse
-	6,  // 27: snapcoord.v1.WorkerService.DeregisterWorker:output_type -> snapcoord.v1.DeregisterWorkerResponse
-	8,  // 28: snapcoord.v1.WorkerService.CompleteStep:output_type -> snapcoord.v1.CompleteStepResponse
-	10, // 29: snapcoord.v1.WorkerService.ReportCheckpoint:output_type -> snapcoord.v1.ReportCheckpointResponse
-	12, // 30: snapcoord.v1.WorkerService.ReportSnapshot:output_type -> snapcoord.v1.ReportSnapshotResponse
-	14, // 31: snapcoord.v1.WorkerService.FinishRun:output_type -> snapcoord.v1.FinishRunResponse
-	16, // 32: snapcoord.v1.WorkerService.StreamCommands:output_type -> snapcoord.v1.StreamCommandsResponse
-	18, // 33: snapcoord.v1.WorkerService.PollCommands:output_type -> snapcoord.v1.PollCommandsResponse
-	25, // [25:34] is the sub-list for method output_type
-	16, // [16:25] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	23, // 6: snapcoord.v1.CompleteStepRequest.local_action:type_name -> snapcoord.v1.StepAction
+	23, // 7: snapcoord.v1.CompleteStepResponse.action:type_name -> snapcoord.v1.StepAction
+	24, // 8: snapcoord.v1.CompleteStepResponse.decision:type_name -> snapcoord.v1.Decision
+	0,  // 9: snapcoord.v1.ReportCheckpointRequest.phase:type_name -> snapcoord.v1.CheckpointPhase
+	21, // 10: snapcoord.v1.ReportCheckpointResponse.run_state:type_name -> snapcoord.v1.RunState
+	25, // 11: snapcoord.v1.ReportSnapshotRequest.outcome:type_name -> snapcoord.v1.SnapshotOutcome
+	21, // 12: snapcoord.v1.ReportSnapshotResponse.run_state:type_name -> snapcoord.v1.RunState
+	21, // 13: snapcoord.v1.FinishRunResponse.run_state:type_name -> snapcoord.v1.RunState
+	26, // 14: snapcoord.v1.StreamCommandsResponse.command:type_name -> snapcoord.v1.Command
+	26, // 15: snapcoord.v1.PollCommandsResponse.commands:type_name -> snapcoord.v1.Command
+	21, // 16: snapcoord.v1.PollCommandsResponse.run_state:type_name -> snapcoord.v1.RunState
+	1,  // 17: snapcoord.v1.WorkerService.RegisterWorker:input_type -> snapcoord.v1.RegisterWorkerRequest
+	3,  // 18: snapcoord.v1.WorkerService.Heartbeat:input_type -> snapcoord.v1.HeartbeatRequest
+	5,  // 19: snapcoord.v1.WorkerService.DeregisterWorker:input_type -> snapcoord.v1.DeregisterWorkerRequest
+	7,  // 20: snapcoord.v1.WorkerService.CompleteStep:input_type -> snapcoord.v1.CompleteStepRequest
+	9,  // 21: snapcoord.v1.WorkerService.ReportCheckpoint:input_type -> snapcoord.v1.ReportCheckpointRequest
+	11, // 22: snapcoord.v1.WorkerService.ReportSnapshot:input_type -> snapcoord.v1.ReportSnapshotRequest
+	13, // 23: snapcoord.v1.WorkerService.FinishRun:input_type -> snapcoord.v1.FinishRunRequest
+	15, // 24: snapcoord.v1.WorkerService.StreamCommands:input_type -> snapcoord.v1.StreamCommandsRequest
+	17, // 25: snapcoord.v1.WorkerService.PollCommands:input_type -> snapcoord.v1.PollCommandsRequest
+	2,  // 26: snapcoord.v1.WorkerService.RegisterWorker:output_type -> snapcoord.v1.RegisterWorkerResponse
+	4,  // 27: snapcoord.v1.WorkerService.Heartbeat:output_type -> snapcoord.v1.HeartbeatResponse
+	6,  // 28: snapcoord.v1.WorkerService.DeregisterWorker:output_type -> snapcoord.v1.DeregisterWorkerResponse
+	8,  // 29: snapcoord.v1.WorkerService.CompleteStep:output_type -> snapcoord.v1.CompleteStepResponse
+	10, // 30: snapcoord.v1.WorkerService.ReportCheckpoint:output_type -> snapcoord.v1.ReportCheckpointResponse
+	12, // 31: snapcoord.v1.WorkerService.ReportSnapshot:output_type -> snapcoord.v1.ReportSnapshotResponse
+	14, // 32: snapcoord.v1.WorkerService.FinishRun:output_type -> snapcoord.v1.FinishRunResponse
+	16, // 33: snapcoord.v1.WorkerService.StreamCommands:output_type -> snapcoord.v1.StreamCommandsResponse
+	18, // 34: snapcoord.v1.WorkerService.PollCommands:output_type -> snapcoord.v1.PollCommandsResponse
+	26, // [26:35] is the sub-list for method output_type
+	17, // [17:26] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_snapcoord_v1_worker_service_proto_init() }

@@ -106,6 +106,10 @@ class _Worker:
         self._last_seq = 0 if replay else self._reg.resume_after_seq
         # A hash of each command delivered, by seq: what a resync skips (see _resync).
         self._delivered: dict[int, int] = {}
+        # For the backstop: the deadline snapshot handed to the process (the
+        # coordinator's or a local one), and the last snapshot's anchor step.
+        self._deadline_id: Optional[str] = None
+        self._last_anchor = 0
         self._threads = [
             threading.Thread(target=self._receive, name=f"snapcoord-commands-{name}", daemon=True),
             threading.Thread(target=self._heartbeats, name=f"snapcoord-heartbeat-{name}", daemon=True),
@@ -124,6 +128,12 @@ class _Worker:
     def incarnation(self) -> int:
         with self._lock:
             return self._reg.incarnation
+
+    @property
+    def registration(self) -> ws.RegisterWorkerResponse:
+        """The coordinator's answer to this process's latest registration."""
+        with self._lock:
+            return self._reg
 
     @property
     def run_state(self) -> RunState:
@@ -174,6 +184,38 @@ class _Worker:
                 raise self.error
             return None
         return item
+
+    # The backstop (see env_worker.EnvWorker).
+
+    @property
+    def last_anchor(self) -> int:
+        with self._lock:
+            return self._last_anchor
+
+    def claim_deadline(self, snapshot_id: str) -> Optional[str]:
+        """Makes ``snapshot_id`` this process's deadline snapshot, unless one
+        was handed to it already: then returns that one's id."""
+        with self._lock:
+            if self._deadline_id is not None:
+                return self._deadline_id
+            self._deadline_id = snapshot_id
+            return None
+
+    def inject(self, cmd: Command) -> None:
+        """Hands a command the worker made itself to the process, after those
+        already queued."""
+        self._queue.put(cmd)
+
+    def probe(self, timeout: float) -> Optional[grpc.RpcError]:
+        """One heartbeat, not retried, bounded by ``timeout``: None if the
+        coordinator answered (a refusal is an answer), else the error."""
+        req = ws.HeartbeatRequest(run_id=self._run_id, worker_id=self.worker_id, incarnation=self.incarnation)
+        try:
+            self._c.workers_once.Heartbeat(req, timeout=timeout)
+        except grpc.RpcError as err:
+            if err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED):
+                return err
+        return None
 
     # Calls.
 
@@ -462,6 +504,11 @@ class _Worker:
             if cmd.kind == CommandKind.STOP:
                 with self._lock:
                     self._stop_reason = cmd.stop_reason
+            elif cmd.is_snapshot:
+                with self._lock:
+                    self._last_anchor = cmd.anchor_step
+                    if cmd.kind == CommandKind.SAVE_AT_DEADLINE and self._deadline_id is None:
+                        self._deadline_id = cmd.snapshot_id
             if self._handler is None or not self._handler(cmd):
                 self._queue.put(cmd)
             self._delivered[proto.seq] = digest
@@ -499,6 +546,12 @@ class _Handle:
     def incarnation(self) -> int:
         """Counts the registrations under the worker's name."""
         return self._w.incarnation
+
+    @property
+    def registration(self) -> ws.RegisterWorkerResponse:
+        """The coordinator's answer to this process's latest registration."""
+        with self._lock:
+            return self._reg
 
     @property
     def run_state(self) -> RunState:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import datetime
+import enum
 import logging
+import signal
 import time
 from dataclasses import dataclass
 from typing import Callable, Optional, Union
 
-from snapcoord import errors
+from snapcoord import _backstop, errors
 from snapcoord._retry import FOLLOW_MAX_WAIT
 from snapcoord._worker import _Handle, _Worker
 from snapcoord.client import Client
@@ -26,6 +29,26 @@ class SnapshotResult:
 
 #: What ``on_snapshot`` returns: None means SAVED.
 SnapshotReturn = Union[None, Outcome, SnapshotResult]
+
+
+class _Default(enum.Enum):
+    """``backstop_signal``'s default: SIGUSR1 for a worker created in the
+    main thread (the only thread Python installs signal handlers from), none
+    for one created elsewhere."""
+
+    SIGUSR1_IN_MAIN_THREAD = "SIGUSR1 in the main thread"
+
+
+#: The backstop's bounds: its look at the coordinator (a live one answers a
+#: heartbeat well within it; Slurm's notice leaves minutes), and how often it
+#: asks again after a local snapshot, to say when the coordinator is back.
+BACKSTOP_PROBE_SECONDS = 2.0
+BACKSTOP_RECHECK_SECONDS = 1.0
+
+
+def backstop_id(now: datetime.datetime) -> str:
+    """A local backstop snapshot's id: sorts by time, and is a file name."""
+    return "backstop-" + now.astimezone(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
 
 
 class EnvWorker(_Handle):
@@ -53,6 +76,17 @@ class EnvWorker(_Handle):
 
     ``name`` must be stable for the process (a restarted process with the same
     name is the same worker) and unique in the run.
+
+    ``backstop_signal`` (default SIGUSR1 when the worker is created in the
+    main thread; None turns it off) is Slurm's ``--signal`` notice: when it
+    arrives and the coordinator does not answer a heartbeat within 2 s, the
+    worker hands the process a SAVE_AT_DEADLINE of its own (``backstop``
+    True, ``snapshot_id`` ``backstop-<UTC time>``), so that the environment
+    saves although the coordinator is gone; ``run`` calls ``on_snapshot``
+    with it and does not report it. With the coordinator answering, the
+    signal does nothing: the deadline comes from it. Python installs signal
+    handlers only from the main thread: a signal given explicitly from
+    another thread raises ValueError.
     """
 
     def __init__(
@@ -65,7 +99,15 @@ class EnvWorker(_Handle):
         poll_wait: float = 30.0,
         replay: bool = False,
         logger: Optional[logging.Logger] = None,
+        backstop_signal: Union[int, None, _Default] = _Default.SIGUSR1_IN_MAIN_THREAD,
     ) -> None:
+        if isinstance(backstop_signal, _Default):
+            backstop_signal = signal.SIGUSR1 if _backstop.in_main_thread() else None
+        elif backstop_signal is not None and not _backstop.in_main_thread():
+            raise ValueError(
+                f"snapcoord: backstop_signal={signal.Signals(backstop_signal).name} needs the main thread "
+                "(Python installs signal handlers only there): create the EnvWorker there, or pass backstop_signal=None"
+            )
         self._c = client
         self.name = name
         #: The run this worker belongs to.
@@ -82,6 +124,49 @@ class EnvWorker(_Handle):
             handler=None,
             logger=logger,
         )
+        # The local backstop snapshot taken, if any: (id, outcome, when).
+        self._backstop_taken: Optional[tuple[str, Outcome, datetime.datetime]] = None
+        self._unwatch: Callable[[], None] = lambda: None
+        if backstop_signal is not None:
+            self._unwatch = _backstop.watch(backstop_signal, self._on_backstop)
+
+    def close(self, timeout: Optional[float] = None) -> None:
+        """Stops the background threads and deregisters the worker, so that no
+        snapshot waits for it (not when superseded). Later calls do nothing."""
+        self._unwatch()
+        super().close(timeout)
+
+    def _on_backstop(self) -> None:
+        """The backstop signal came (called on a thread of its own)."""
+        if self._w.wait_stopped(0):
+            return
+        err = self._w.probe(BACKSTOP_PROBE_SECONDS)
+        if err is None:
+            self._w.log.info("backstop signal: the coordinator answers, the deadline snapshot comes from it")
+            return
+        now = datetime.datetime.now(datetime.timezone.utc)
+        snapshot_id = backstop_id(now)
+        taken = self._w.claim_deadline(snapshot_id)
+        if taken is not None:
+            self._w.log.info("backstop signal: this worker's deadline snapshot %s was taken already", taken)
+            return
+        self._w.log.warning(
+            "backstop signal: the coordinator cannot be reached (%s); taking a local deadline snapshot %s", err.code(), snapshot_id
+        )
+        self._w.inject(
+            Command(
+                seq=0, kind=CommandKind.SAVE_AT_DEADLINE, issued_at=now, snapshot_id=snapshot_id, reason="deadline",
+                anchor_step=self._w.last_anchor, forced=True, backstop=True,
+            )
+        )  # fmt: skip
+        while not self._w.wait_stopped(BACKSTOP_RECHECK_SECONDS):
+            if self._w.probe(BACKSTOP_PROBE_SECONDS) is None:
+                self._w.log.info(
+                    "the coordinator answers again; the backstop snapshot %s was taken locally and is not reported "
+                    "(the coordinator has no snapshot for it; a deadline snapshot it sends still comes)",
+                    snapshot_id,
+                )
+                return
 
     def report_snapshot(
         self,
@@ -129,7 +214,9 @@ class EnvWorker(_Handle):
         """Follows the commands until the Stop: for each snapshot command,
         calls ``on_snapshot(cmd)``, measures it, and reports what it returned
         (None: SAVED; an Outcome; a SnapshotResult). An exception from it is
-        reported IO_ERROR with its text, and does not stop the worker.
+        reported IO_ERROR with its text, and does not stop the worker. A
+        ``backstop`` command (see the class) is passed to ``on_snapshot`` too,
+        and its outcome logged, not reported; the worker then goes on.
         ``on_stop(reason)`` is called on the Stop. Returns the Stop's reason
         (None if close() ended it); raises what ended the worker otherwise.
         """
@@ -151,6 +238,13 @@ class EnvWorker(_Handle):
             self._w.log.exception("snapshot %s failed", cmd.snapshot_id)
             result = SnapshotResult(Outcome.IO_ERROR, f"{type(exc).__name__}: {exc}"[:4096])
         took = time.monotonic() - t0
+        if cmd.backstop:
+            self._backstop_taken = (cmd.snapshot_id, result.outcome, datetime.datetime.now(datetime.timezone.utc))
+            self._w.log.warning(
+                "backstop snapshot %s taken locally (%s): the coordinator knows nothing of it", cmd.snapshot_id, result.outcome.name
+            )
+            return
+        result = self._with_backstop_note(cmd, result)
         try:
             self.report_snapshot(cmd.snapshot_id, result.outcome, took, result.message)
         except errors.SupersededError:
@@ -159,3 +253,12 @@ class EnvWorker(_Handle):
             # Refused (e.g. the snapshot was superseded, or the run ended) or
             # given up on at stop: the next command goes on.
             self._w.log.warning("report of snapshot %s failed: %s", cmd.snapshot_id, err)
+
+    def _with_backstop_note(self, cmd: Command, result: SnapshotResult) -> SnapshotResult:
+        """The report of a deadline snapshot this worker could not save names
+        where the local backstop saved the state instead."""
+        if self._backstop_taken is None or cmd.kind != CommandKind.SAVE_AT_DEADLINE or result.outcome == Outcome.SAVED:
+            return result
+        sid, outcome, at = self._backstop_taken
+        note = f"; this worker's state was saved by the local backstop snapshot {sid} at {at.isoformat(timespec='milliseconds')} ({outcome.name})"
+        return SnapshotResult(result.outcome, (result.message + note)[:4096])

@@ -7,7 +7,7 @@ from typing import Callable, Optional
 
 from snapcoord._worker import _Handle, _Worker
 from snapcoord.client import Client
-from snapcoord.types import Command, CommandKind, Decision, Phase, RunState
+from snapcoord.types import Action, Command, CommandKind, Decision, Phase, RunState
 from snapcoord.v1 import worker_pb2, worker_service_pb2 as ws
 
 
@@ -71,21 +71,54 @@ class Trainer(_Handle):
             logger=logger,
         )
 
-    def complete_step(self, step: int, iteration_seconds: float, timeout: Optional[float] = None) -> Decision:
+    @property
+    def last_checkpoint_step(self) -> int:
+        """The run's newest checkpoint saved by every rank, as the
+        coordinator knew it when this rank registered (0: none): a loop that
+        resumed from its newest checkpoint (a Slurm requeue) continues after
+        it."""
+        return self._w.registration.last_checkpoint_step
+
+    def complete_step(
+        self,
+        step: int,
+        iteration_seconds: float,
+        timeout: Optional[float] = None,
+        *,
+        local_action: Optional[Action] = None,
+        wait_for_ready: bool = False,
+    ) -> Decision:
         """Reports that ``step`` (from 1) finished after ``iteration_seconds``
         and returns what to do: continue, save this step's checkpoint and stop,
-        or stop. The decision is made once per step; a repeat gets the same."""
+        or stop. The decision is made once per step; a repeat gets the same.
+
+        ``local_action``: what this rank already did at the step on its own,
+        because it could not reach the coordinator then; it becomes the
+        step's decision unless one is stored (see docs/design.md, the
+        fail-safe plan). ``wait_for_ready``: wait within ``timeout`` for a
+        coordinator to serve instead of failing at once."""
 
         def call(inc: int) -> ws.CompleteStepResponse:
             req = ws.CompleteStepRequest(
-                run_id=self.run_id, worker_id=self._w.worker_id, step=step, iteration_seconds=iteration_seconds, incarnation=inc
+                run_id=self.run_id,
+                worker_id=self._w.worker_id,
+                step=step,
+                iteration_seconds=iteration_seconds,
+                incarnation=inc,
+                local_action=local_action or 0,
             )
-            return self._c.workers.CompleteStep(req, timeout=self._timeout(timeout))
+            return self._c.workers.CompleteStep(req, timeout=self._timeout(timeout), wait_for_ready=wait_for_ready)
 
         return Decision.from_response(self._w.fenced(call))
 
     def report_checkpoint(
-        self, step: int, phase: Phase = Phase.SAVED, save_seconds: float = 0.0, timeout: Optional[float] = None
+        self,
+        step: int,
+        phase: Phase = Phase.SAVED,
+        save_seconds: float = 0.0,
+        timeout: Optional[float] = None,
+        *,
+        wait_for_ready: bool = False,
     ) -> RunState:
         """Reports this rank's checkpoint of ``step``: SAVED after writing it
         (``save_seconds`` feeds C), PUBLISHED once step_N is visible (deferred
@@ -95,7 +128,7 @@ class Trainer(_Handle):
             req = ws.ReportCheckpointRequest(
                 run_id=self.run_id, worker_id=self._w.worker_id, step=step, phase=phase, save_seconds=save_seconds, incarnation=inc
             )
-            return self._c.workers.ReportCheckpoint(req, timeout=self._timeout(timeout))
+            return self._c.workers.ReportCheckpoint(req, timeout=self._timeout(timeout), wait_for_ready=wait_for_ready)
 
         return RunState(self._w.fenced(call).run_state)
 

@@ -193,6 +193,10 @@ class Command:
     step: int = 0
     #: Why the run is over, for STOP.
     stop_reason: str = ""
+    #: True for a SAVE_AT_DEADLINE the worker made itself: the backstop signal
+    #: came and the coordinator could not be reached. Save as for the
+    #: deadline, and do not report it: the coordinator issued no such snapshot.
+    backstop: bool = False
     proto: Optional[worker_pb2.Command] = field(default=None, repr=False, compare=False)
 
     @property

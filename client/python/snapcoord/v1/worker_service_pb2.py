@@ -20,7 +20,7 @@ from snapcoord.v1 import run_pb2 as snapcoord_dot_v1_dot_run__pb2
 from snapcoord.v1 import worker_pb2 as snapcoord_dot_v1_dot_worker__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!snapcoord/v1/worker_service.proto\x12\x0csnapcoord.v1\x1a\x1b\x62uf/validate/validate.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18snapcoord/v1/event.proto\x1a\x1asnapcoord/v1/options.proto\x1a\x16snapcoord/v1/run.proto\x1a\x19snapcoord/v1/worker.proto\"\xf5\x01\n\x15RegisterWorkerRequest\x12\x33\n\x06run_id\x18\x01 \x01(\tB#\xbaH r\x1e\x32\x1c^[a-z0-9][a-z0-9._-]{0,127}$\x12\x32\n\x04role\x18\x02 \x01(\x0e\x32\x18.snapcoord.v1.WorkerRoleB\n\xbaH\x07\x82\x01\x04\x10\x01 \x00\x12:\n\x04name\x18\x03 \x01(\tB,\xbaH)r\'2%^[A-Za-z0-9][A-Za-z0-9._:/@-]{0,127}$\x12\x19\n\x04rank\x18\x04 \x01(\x05\x42\x0b\xbaH\x08\x1a\x06\x18\xff\xff\x03(\x00\x12\x1c\n\x0bincarnation\x18\x05 \x01(\x03\x42\x07\xbaH\x04\"\x02(\x00\"\x84\x02\n\x16RegisterWorkerResponse\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x13\n\x0bincarnation\x18\x02 \x01(\x03\x12\x35\n\x12heartbeat_interval\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12,\n\tlease_ttl\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12)\n\trun_state\x18\x05 \x01(\x0e\x32\x16.snapcoord.v1.RunState\x12\x18\n\x10last_command_seq\x18\x06 \x01(\x03\x12\x18\n\x10resume_after_seq\x18\x07 \x01(\x03\"\x83\x01\n\x10HeartbeatRequest\x12\x33\n\x06run_id\x18\x01 \x01(\tB#\xbaH r\x1e\x32\x1c^[a-z0-9][a-z0-9._-]{0,127}$\x12\x1c\n\tworker_id\x18\x02 \x01(\tB\t\xbaH\x06r\x04\x10\x01\x18@\x12\x1c\n\x0bincarnation\x18\x03 \x01(\x03\x42\x07\xbaH\x04\"\x02(\x00\"t\n\x11HeartbeatResponse\x12)\n\trun_state\x18\x01 \x01(\x0e\x32\x16.snapcoord.v1.RunState\x12\x34\n\x10lease_expires_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x8a\x01\n\x17\x44\x65registerWorkerRequest\x12\x33\n\x06run_id\x18\x01 \x01(\tB#\xbaH r\x1e\x32\x1c^[a-z0-9][a-z0-9._-]{0,127}$\x12\x1c\n\tworker_id\x18\x02 \x01(\tB\t\xbaH\x06r\x04\x10\x01\x18@\x12\x1c\n\x0bincarnation\x18\x03 \x01(\x03\x42\x07\xbaH\x04\"\x02(\x00\"\x1a\n\x18\x44\x65registerWorkerResponse\"\xda\x01\n\x13\x43ompleteStepRequest\x12\x33\n\x06run_id\x18\x01 \x01(\tB#\xbaH r\x1e\x32\x1c^[a-z0-9][a-z0-9._-]{0,127}$\x12\x1c\n\tworker_id\x18\x02 \x01(\tB\t\xbaH\x06r\x04\x10\x01\x18@\x12\x1c\n\x04step\x18\x03 \x01(\x03\x42\x0e\xbaH\x0b\"\t\x18\x80\xa0\x94\xa5\x8d\x1d(\x01\x12\x34\n\x11iteration_seconds\x18\x04 \x01(\x01\x42\x19\xbaH\x16\x12\x14\x19\x00\x00\x00\x00\x38\x13~A)\x00\x00\x00\x00\x00\x00\x00\x00@\x01\x12\x1c\n\x0bincarnation\x18\x05 \x01(\x03\x42\x07\xbaH\x04\"\x02(\x00\"\x8d\x01\n\x14\x43ompleteStepResponse\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12(\n\x06\x61\x63tion\x18\x02 \x01(\x0e\x32\x18.snapcoord.v1.StepAction\x12\x13\n\x0b\x65xplanation\x18\x03 \x01(\t\x12(\n\x08\x64\x65\x63ision\x18\x04 \x01(\x0b\x32\x16.snapcoord.v1.Decision\"\x93\x02\n\x17ReportCheckpointRequest\x12\x33\n\x06run_id\x18\x01 \x01(\tB#\xbaH r\x1e\x32\x1c^[a-z0-9][a-z0-9._-]{0,127}$\x12\x1c\n\tworker_id\x18\x02 \x01(\tB\t\xbaH\x06r\x04\x10\x01\x18@\x12\x1c\n\x04step\x18\x03 \x01(\x03\x42\x0e\xbaH\x0b\"\t\x18\x80\xa0\x94\xa5\x8d\x1d(\x01\x12\x38\n\x05phase\x18\x04 \x01(\x0e\x32\x1d.snapcoord.v1.CheckpointPhaseB\n\xbaH\x07\x82\x01\x04\x10\x01 \x00\x12/\n\x0csave_seconds\x18\x05 \x01(\x01\x42\x19\xbaH\x16\x12\x14\x19\x00\x00\x00\x00\x80\xc6\x43\x41)\x00\x00\x00\x00\x00\x00\x00\x00@\x01\x12\x1c\n\x0bincarnation\x18\x06 \x01(\x03\x42\x07\xbaH\x04\"\x02(\x00\"E\n\x18ReportCheckpointResponse\x12)\n\trun_state\x18\x01 \x01(\x0e\x32\x16.snapcoord.v1.RunState\"\xb4\x02\n\x15ReportSnapshotRequest\x12\x33\n\x06run_id\x18\x01 \x01(\tB#\xbaH r\x1e\x32\x1c^[a-z0-9][a-z0-9._-]{0,127}$\x12\x1c\n\tworker_id\x18\x02 \x01(\tB\t\xbaH\x06r\x04\x10\x01\x18@\x12\x1e\n\x0bsnapshot_id\x18\x03 \x01(\tB\t\xbaH\x06r\x04\x10\x01\x18@\x12:\n\x07outcome\x18\x04 \x01(\x0e\x32\x1d.snapcoord.v1.SnapshotOutcomeB\n\xbaH\x07\x82\x01\x04\x10\x01 \x00\x12\x33\n\x10\x64uration_seconds\x18\x05 \x01(\x01\x42\x19\xbaH\x16\x12\x14\x19\x00\x00\x00\x00\x80\xc6\x43\x41)\x00\x00\x00\x00\x00\x00\x00\x00@\x01\x12\x19\n\x07message\x18\x06 \x01(\tB\x08\xbaH\x05r\x03(\x80 \x12\x1c\n\x0bincarnation\x18\x07 \x01(\x03\x42\x07\xbaH\x04\"\x02(\x00\"C\n\x16ReportSnapshotResponse\x12)\n\trun_state\x18\x01 \x01(\x0e\x32\x16.snapcoord.v1.RunState\"\x83\x01\n\x10\x46inishRunRequest\x12\x33\n\x06run_id\x18\x01 \x01(\tB#\xbaH r\x1e\x32\x1c^[a-z0-9][a-z0-9._-]{0,127}$\x12\x1c\n\tworker_id\x18\x02 \x01(\tB\t\xbaH\x06r\x04\x10\x01\x18@\x12\x1c\n\x0bincarnation\x18\x03 \x01(\x03\x42\x07\xbaH\x04\"\x02(\x00\">\n\x11\x46inishRunResponse\x12)\n\trun_state\x18\x01 \x01(\x0e\x32\x16.snapcoord.v1.RunState\"\xa4\x01\n\x15StreamCommandsRequest\x12\x33\n\x06run_id\x18\x01 \x01(\tB#\xbaH r\x1e\x32\x1c^[a-z0-9][a-z0-9._-]{0,127}$\x12\x1c\n\tworker_id\x18\x02 \x01(\tB\t\xbaH\x06r\x04\x10\x01\x18@\x12\x1a\n\tafter_seq\x18\x03 \x01(\x03\x42\x07\xbaH\x04\"\x02(\x00\x12\x1c\n\x0bincarnation\x18\x04 \x01(\x03\x42\x07\xbaH\x04\"\x02(\x00\"@\n\x16StreamCommandsResponse\x12&\n\x07\x63ommand\x18\x01 \x01(\x0b\x32\x15.snapcoord.v1.Command\"\xc4\x01\n\x13PollCommandsRequest\x12\x33\n\x06run_id\x18\x01 \x01(\tB#\xbaH r\x1e\x32\x1c^[a-z0-9][a-z0-9._-]{0,127}$\x12\x1c\n\tworker_id\x18\x02 \x01(\tB\t\xbaH\x06r\x04\x10\x01\x18@\x12\x1a\n\tafter_seq\x18\x03 \x01(\x03\x42\x07\xbaH\x04\"\x02(\x00\x12 \n\x0cwait_seconds\x18\x04 \x01(\x05\x42\n\xbaH\x07\x1a\x05\x18\x90\x1c(\x00\x12\x1c\n\x0bincarnation\x18\x05 \x01(\x03\x42\x07\xbaH\x04\"\x02(\x00\"j\n\x14PollCommandsResponse\x12\'\n\x08\x63ommands\x18\x01 \x03(\x0b\x32\x15.snapcoord.v1.Command\x12)\n\trun_state\x18\x02 \x01(\x0e\x32\x16.snapcoord.v1.RunState*o\n\x0f\x43heckpointPhase\x12 \n\x1c\x43HECKPOINT_PHASE_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x43HECKPOINT_PHASE_SAVED\x10\x01\x12\x1e\n\x1a\x43HECKPOINT_PHASE_PUBLISHED\x10\x02\x32\x98\x07\n\rWorkerService\x12\x65\n\x0eRegisterWorker\x12#.snapcoord.v1.RegisterWorkerRequest\x1a$.snapcoord.v1.RegisterWorkerResponse\"\x08\x82\x99\x19\x04\x08\x01 \x02\x12X\n\tHeartbeat\x12\x1e.snapcoord.v1.HeartbeatRequest\x1a\x1f.snapcoord.v1.HeartbeatResponse\"\n\x82\x99\x19\x06\x08\x01\x18\x01 \x02\x12k\n\x10\x44\x65registerWorker\x12%.snapcoord.v1.DeregisterWorkerRequest\x1a&.snapcoord.v1.DeregisterWorkerResponse\"\x08\x82\x99\x19\x04\x08\x01 \x02\x12_\n\x0c\x43ompleteStep\x12!.snapcoord.v1.CompleteStepRequest\x1a\".snapcoord.v1.CompleteStepResponse\"\x08\x82\x99\x19\x04\x08\x01 \x02\x12k\n\x10ReportCheckpoint\x12%.snapcoord.v1.ReportCheckpointRequest\x1a&.snapcoord.v1.ReportCheckpointResponse\"\x08\x82\x99\x19\x04\x08\x01 \x02\x12\x65\n\x0eReportSnapshot\x12#.snapcoord.v1.ReportSnapshotRequest\x1a$.snapcoord.v1.ReportSnapshotResponse\"\x08\x82\x99\x19\x04\x08\x01 \x02\x12V\n\tFinishRun\x12\x1e.snapcoord.v1.FinishRunRequest\x1a\x1f.snapcoord.v1.FinishRunResponse\"\x08\x82\x99\x19\x04\x08\x01 \x02\x12g\n\x0eStreamCommands\x12#.snapcoord.v1.StreamCommandsRequest\x1a$.snapcoord.v1.StreamCommandsResponse\"\x08\x82\x99\x19\x04\x10\x01 \x02\x30\x01\x12\x63\n\x0cPollCommands\x12!.snapcoord.v1.PollCommandsRequest\x1a\".snapcoord.v1.PollCommandsResponse\"\x0c\x82\x99\x19\x08\x08\x01\x10\x01\x18\x01 \x02\x42=Z;github.com/snapcoord/snapcoord/api/snapcoord/v1;snapcoordv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!snapcoord/v1/worker_service.proto\x12\x0csnapcoord.v1\x1a\x1b\x62uf/validate/validate.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18snapcoord/v1/event.proto\x1a\x1asnapcoord/v1/options.proto\x1a\x16snapcoord/v1/run.proto\x1a\x19snapcoord/v1/worker.proto\"\xf5\x01\n\x15RegisterWorkerRequest\x12\x33\n\x06run_id\x18\x01 \x01(\tB#\xbaH r\x1e\x32\x1c^[a-z0-9][a-z0-9._-]{0,127}$\x12\x32\n\x04role\x18\x02 \x01(\x0e\x32\x18.snapcoord.v1.WorkerRoleB\n\xbaH\x07\x82\x01\x04\x10\x01 \x00\x12:\n\x04name\x18\x03 \x01(\tB,\xbaH)r\'2%^[A-Za-z0-9][A-Za-z0-9._:/@-]{0,127}$\x12\x19\n\x04rank\x18\x04 \x01(\x05\x42\x0b\xbaH\x08\x1a\x06\x18\xff\xff\x03(\x00\x12\x1c\n\x0bincarnation\x18\x05 \x01(\x03\x42\x07\xbaH\x04\"\x02(\x00\"\xa2\x02\n\x16RegisterWorkerResponse\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x13\n\x0bincarnation\x18\x02 \x01(\x03\x12\x35\n\x12heartbeat_interval\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12,\n\tlease_ttl\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12)\n\trun_state\x18\x05 \x01(\x0e\x32\x16.snapcoord.v1.RunState\x12\x18\n\x10last_command_seq\x18\x06 \x01(\x03\x12\x18\n\x10resume_after_seq\x18\x07 \x01(\x03\x12\x1c\n\x14last_checkpoint_step\x18\x08 \x01(\x03\"\x83\x01\n\x10HeartbeatRequest\x12\x33\n\x06run_id\x18\x01 \x01(\tB#\xbaH r\x1e\x32\x1c^[a-z0-9][a-z0-9._-]{0,127}$\x12\x1c\n\tworker_id\x18\x02 \x01(\tB\t\xbaH\x06r\x04\x10\x01\x18@\x12\x1c\n\x0bincarnation\x18\x03 \x01(\x03\x42\x07\xbaH\x04\"\x02(\x00\"t\n\x11HeartbeatResponse\x12)\n\trun_state\x18\x01 \x01(\x0e\x32\x16.snapcoord.v1.RunState\x12\x34\n\x10lease_expires_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x8a\x01\n\x17\x44\x65registerWorkerRequest\x12\x33\n\x06run_id\x18\x01 \x01(\tB#\xbaH r\x1e\x32\x1c^[a-z0-9][a-z0-9._-]{0,127}$\x12\x1c\n\tworker_id\x18\x02 \x01(\tB\t\xbaH\x06r\x04\x10\x01\x18@\x12\x1c\n\x0bincarnation\x18\x03 \x01(\x03\x42\x07\xbaH\x04\"\x02(\x00\"\x1a\n\x18\x44\x65registerWorkerResponse\"\x98\x02\n\x13\x43ompleteStepRequest\x12\x33\n\x06run_id\x18\x01 \x01(\tB#\xbaH r\x1e\x32\x1c^[a-z0-9][a-z0-9._-]{0,127}$\x12\x1c\n\tworker_id\x18\x02 \x01(\tB\t\xbaH\x06r\x04\x10\x01\x18@\x12\x1c\n\x04step\x18\x03 \x01(\x03\x42\x0e\xbaH\x0b\"\t\x18\x80\xa0\x94\xa5\x8d\x1d(\x01\x12\x34\n\x11iteration_seconds\x18\x04 \x01(\x01\x42\x19\xbaH\x16\x12\x14\x19\x00\x00\x00\x00\x38\x13~A)\x00\x00\x00\x00\x00\x00\x00\x00@\x01\x12\x1c\n\x0bincarnation\x18\x05 \x01(\x03\x42\x07\xbaH\x04\"\x02(\x00\x12<\n\x0clocal_action\x18\x06 \x01(\x0e\x32\x18.snapcoord.v1.StepActionB\x0c\xbaH\t\x82\x01\x06\x18\x00\x18\x01\x18\x02\"\x8d\x01\n\x14\x43ompleteStepResponse\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12(\n\x06\x61\x63tion\x18\x02 \x01(\x0e\x32\x18.snapcoord.v1.StepAction\x12\x13\n\x0b\x65xplanation\x18\x03 \x01(\t\x12(\n\x08\x64\x65\x63ision\x18\x04 \x01(\x0b\x32\x16.snapcoord.v1.Decision\"\x93\x02\n\x17ReportCheckpointRequest\x12\x33\n\x06run_id\x18\x01 \x01(\tB#\xbaH r\x1e\x32\x1c^[a-z0-9][a-z0-9._-]{0,127}$\x12\x1c\n\tworker_id\x18\x02 \x01(\tB\t\xbaH\x06r\x04\x10\x01\x18@\x12\x1c\n\x04step\x18\x03 \x01(\x03\x42\x0e\xbaH\x0b\"\t\x18\x80\xa0\x94\xa5\x8d\x1d(\x01\x12\x38\n\x05phase\x18\x04 \x01(\x0e\x32\x1d.snapcoord.v1.CheckpointPhaseB\n\xbaH\x07\x82\x01\x04\x10\x01 \x00\x12/\n\x0csave_seconds\x18\x05 \x01(\x01\x42\x19\xbaH\x16\x12\x14\x19\x00\x00\x00\x00\x80\xc6\x43\x41)\x00\x00\x00\x00\x00\x00\x00\x00@\x01\x12\x1c\n\x0bincarnation\x18\x06 \x01(\x03\x42\x07\xbaH\x04\"\x02(\x00\"E\n\x18ReportCheckpointResponse\x12)\n\trun_state\x18\x01 \x01(\x0e\x32\x16.snapcoord.v1.RunState\"\xb4\x02\n\x15ReportSnapshotRequest\x12\x33\n\x06run_id\x18\x01 \x01(\tB#\xbaH r\x1e\x32\x1c^[a-z0-9][a-z0-9._-]{0,127}$\x12\x1c\n\tworker_id\x18\x02 \x01(\tB\t\xbaH\x06r\x04\x10\x01\x18@\x12\x1e\n\x0bsnapshot_id\x18\x03 \x01(\tB\t\xbaH\x06r\x04\x10\x01\x18@\x12:\n\x07outcome\x18\x04 \x01(\x0e\x32\x1d.snapcoord.v1.SnapshotOutcomeB\n\xbaH\x07\x82\x01\x04\x10\x01 \x00\x12\x33\n\x10\x64uration_seconds\x18\x05 \x01(\x01\x42\x19\xbaH\x16\x12\x14\x19\x00\x00\x00\x00\x80\xc6\x43\x41)\x00\x00\x00\x00\x00\x00\x00\x00@\x01\x12\x19\n\x07message\x18\x06 \x01(\tB\x08\xbaH\x05r\x03(\x80 \x12\x1c\n\x0bincarnation\x18\x07 \x01(\x03\x42\x07\xbaH\x04\"\x02(\x00\"C\n\x16ReportSnapshotResponse\x12)\n\trun_state\x18\x01 \x01(\x0e\x32\x16.snapcoord.v1.RunState\"\x83\x01\n\x10\x46inishRunRequest\x12\x33\n\x06run_id\x18\x01 \x01(\tB#\xbaH r\x1e\x32\x1c^[a-z0-9][a-z0-9._-]{0,127}$\x12\x1c\n\tworker_id\x18\x02 \x01(\tB\t\xbaH\x06r\x04\x10\x01\x18@\x12\x1c\n\x0bincarnation\x18\x03 \x01(\x03\x42\x07\xbaH\x04\"\x02(\x00\">\n\x11\x46inishRunResponse\x12)\n\trun_state\x18\x01 \x01(\x0e\x32\x16.snapcoord.v1.RunState\"\xa4\x01\n\x15StreamCommandsRequest\x12\x33\n\x06run_id\x18\x01 \x01(\tB#\xbaH r\x1e\x32\x1c^[a-z0-9][a-z0-9._-]{0,127}$\x12\x1c\n\tworker_id\x18\x02 \x01(\tB\t\xbaH\x06r\x04\x10\x01\x18@\x12\x1a\n\tafter_seq\x18\x03 \x01(\x03\x42\x07\xbaH\x04\"\x02(\x00\x12\x1c\n\x0bincarnation\x18\x04 \x01(\x03\x42\x07\xbaH\x04\"\x02(\x00\"@\n\x16StreamCommandsResponse\x12&\n\x07\x63ommand\x18\x01 \x01(\x0b\x32\x15.snapcoord.v1.Command\"\xc4\x01\n\x13PollCommandsRequest\x12\x33\n\x06run_id\x18\x01 \x01(\tB#\xbaH r\x1e\x32\x1c^[a-z0-9][a-z0-9._-]{0,127}$\x12\x1c\n\tworker_id\x18\x02 \x01(\tB\t\xbaH\x06r\x04\x10\x01\x18@\x12\x1a\n\tafter_seq\x18\x03 \x01(\x03\x42\x07\xbaH\x04\"\x02(\x00\x12 \n\x0cwait_seconds\x18\x04 \x01(\x05\x42\n\xbaH\x07\x1a\x05\x18\x90\x1c(\x00\x12\x1c\n\x0bincarnation\x18\x05 \x01(\x03\x42\x07\xbaH\x04\"\x02(\x00\"j\n\x14PollCommandsResponse\x12\'\n\x08\x63ommands\x18\x01 \x03(\x0b\x32\x15.snapcoord.v1.Command\x12)\n\trun_state\x18\x02 \x01(\x0e\x32\x16.snapcoord.v1.RunState*o\n\x0f\x43heckpointPhase\x12 \n\x1c\x43HECKPOINT_PHASE_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x43HECKPOINT_PHASE_SAVED\x10\x01\x12\x1e\n\x1a\x43HECKPOINT_PHASE_PUBLISHED\x10\x02\x32\x98\x07\n\rWorkerService\x12\x65\n\x0eRegisterWorker\x12#.snapcoord.v1.RegisterWorkerRequest\x1a$.snapcoord.v1.RegisterWorkerResponse\"\x08\x82\x99\x19\x04\x08\x01 \x02\x12X\n\tHeartbeat\x12\x1e.snapcoord.v1.HeartbeatRequest\x1a\x1f.snapcoord.v1.HeartbeatResponse\"\n\x82\x99\x19\x06\x08\x01\x18\x01 \x02\x12k\n\x10\x44\x65registerWorker\x12%.snapcoord.v1.DeregisterWorkerRequest\x1a&.snapcoord.v1.DeregisterWorkerResponse\"\x08\x82\x99\x19\x04\x08\x01 \x02\x12_\n\x0c\x43ompleteStep\x12!.snapcoord.v1.CompleteStepRequest\x1a\".snapcoord.v1.CompleteStepResponse\"\x08\x82\x99\x19\x04\x08\x01 \x02\x12k\n\x10ReportCheckpoint\x12%.snapcoord.v1.ReportCheckpointRequest\x1a&.snapcoord.v1.ReportCheckpointResponse\"\x08\x82\x99\x19\x04\x08\x01 \x02\x12\x65\n\x0eReportSnapshot\x12#.snapcoord.v1.ReportSnapshotRequest\x1a$.snapcoord.v1.ReportSnapshotResponse\"\x08\x82\x99\x19\x04\x08\x01 \x02\x12V\n\tFinishRun\x12\x1e.snapcoord.v1.FinishRunRequest\x1a\x1f.snapcoord.v1.FinishRunResponse\"\x08\x82\x99\x19\x04\x08\x01 \x02\x12g\n\x0eStreamCommands\x12#.snapcoord.v1.StreamCommandsRequest\x1a$.snapcoord.v1.StreamCommandsResponse\"\x08\x82\x99\x19\x04\x10\x01 \x02\x30\x01\x12\x63\n\x0cPollCommands\x12!.snapcoord.v1.PollCommandsRequest\x1a\".snapcoord.v1.PollCommandsResponse\"\x0c\x82\x99\x19\x08\x08\x01\x10\x01\x18\x01 \x02\x42=Z;github.com/snapcoord/snapcoord/api/snapcoord/v1;snapcoordv1b\x06proto3')
 
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, globals())
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'snapcoord.v1.worker_service_pb2', globals())
@@ -60,6 +60,8 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   _COMPLETESTEPREQUEST.fields_by_name['iteration_seconds']._serialized_options = b'\272H\026\022\024\031\000\000\000\0008\023~A)\000\000\000\000\000\000\000\000@\001'
   _COMPLETESTEPREQUEST.fields_by_name['incarnation']._options = None
   _COMPLETESTEPREQUEST.fields_by_name['incarnation']._serialized_options = b'\272H\004\"\002(\000'
+  _COMPLETESTEPREQUEST.fields_by_name['local_action']._options = None
+  _COMPLETESTEPREQUEST.fields_by_name['local_action']._serialized_options = b'\272H\t\202\001\006\030\000\030\001\030\002'
   _REPORTCHECKPOINTREQUEST.fields_by_name['run_id']._options = None
   _REPORTCHECKPOINTREQUEST.fields_by_name['run_id']._serialized_options = b'\272H r\0362\034^[a-z0-9][a-z0-9._-]{0,127}$'
   _REPORTCHECKPOINTREQUEST.fields_by_name['worker_id']._options = None
@@ -128,44 +130,44 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   _WORKERSERVICE.methods_by_name['StreamCommands']._serialized_options = b'\202\231\031\004\020\001 \002'
   _WORKERSERVICE.methods_by_name['PollCommands']._options = None
   _WORKERSERVICE.methods_by_name['PollCommands']._serialized_options = b'\202\231\031\010\010\001\020\001\030\001 \002'
-  _CHECKPOINTPHASE._serialized_start=3014
-  _CHECKPOINTPHASE._serialized_end=3125
+  _CHECKPOINTPHASE._serialized_start=3106
+  _CHECKPOINTPHASE._serialized_end=3217
   _REGISTERWORKERREQUEST._serialized_start=251
   _REGISTERWORKERREQUEST._serialized_end=496
   _REGISTERWORKERRESPONSE._serialized_start=499
-  _REGISTERWORKERRESPONSE._serialized_end=759
-  _HEARTBEATREQUEST._serialized_start=762
-  _HEARTBEATREQUEST._serialized_end=893
-  _HEARTBEATRESPONSE._serialized_start=895
-  _HEARTBEATRESPONSE._serialized_end=1011
-  _DEREGISTERWORKERREQUEST._serialized_start=1014
-  _DEREGISTERWORKERREQUEST._serialized_end=1152
-  _DEREGISTERWORKERRESPONSE._serialized_start=1154
-  _DEREGISTERWORKERRESPONSE._serialized_end=1180
-  _COMPLETESTEPREQUEST._serialized_start=1183
-  _COMPLETESTEPREQUEST._serialized_end=1401
-  _COMPLETESTEPRESPONSE._serialized_start=1404
-  _COMPLETESTEPRESPONSE._serialized_end=1545
-  _REPORTCHECKPOINTREQUEST._serialized_start=1548
-  _REPORTCHECKPOINTREQUEST._serialized_end=1823
-  _REPORTCHECKPOINTRESPONSE._serialized_start=1825
-  _REPORTCHECKPOINTRESPONSE._serialized_end=1894
-  _REPORTSNAPSHOTREQUEST._serialized_start=1897
-  _REPORTSNAPSHOTREQUEST._serialized_end=2205
-  _REPORTSNAPSHOTRESPONSE._serialized_start=2207
-  _REPORTSNAPSHOTRESPONSE._serialized_end=2274
-  _FINISHRUNREQUEST._serialized_start=2277
-  _FINISHRUNREQUEST._serialized_end=2408
-  _FINISHRUNRESPONSE._serialized_start=2410
-  _FINISHRUNRESPONSE._serialized_end=2472
-  _STREAMCOMMANDSREQUEST._serialized_start=2475
-  _STREAMCOMMANDSREQUEST._serialized_end=2639
-  _STREAMCOMMANDSRESPONSE._serialized_start=2641
-  _STREAMCOMMANDSRESPONSE._serialized_end=2705
-  _POLLCOMMANDSREQUEST._serialized_start=2708
-  _POLLCOMMANDSREQUEST._serialized_end=2904
-  _POLLCOMMANDSRESPONSE._serialized_start=2906
-  _POLLCOMMANDSRESPONSE._serialized_end=3012
-  _WORKERSERVICE._serialized_start=3128
-  _WORKERSERVICE._serialized_end=4048
+  _REGISTERWORKERRESPONSE._serialized_end=789
+  _HEARTBEATREQUEST._serialized_start=792
+  _HEARTBEATREQUEST._serialized_end=923
+  _HEARTBEATRESPONSE._serialized_start=925
+  _HEARTBEATRESPONSE._serialized_end=1041
+  _DEREGISTERWORKERREQUEST._serialized_start=1044
+  _DEREGISTERWORKERREQUEST._serialized_end=1182
+  _DEREGISTERWORKERRESPONSE._serialized_start=1184
+  _DEREGISTERWORKERRESPONSE._serialized_end=1210
+  _COMPLETESTEPREQUEST._serialized_start=1213
+  _COMPLETESTEPREQUEST._serialized_end=1493
+  _COMPLETESTEPRESPONSE._serialized_start=1496
+  _COMPLETESTEPRESPONSE._serialized_end=1637
+  _REPORTCHECKPOINTREQUEST._serialized_start=1640
+  _REPORTCHECKPOINTREQUEST._serialized_end=1915
+  _REPORTCHECKPOINTRESPONSE._serialized_start=1917
+  _REPORTCHECKPOINTRESPONSE._serialized_end=1986
+  _REPORTSNAPSHOTREQUEST._serialized_start=1989
+  _REPORTSNAPSHOTREQUEST._serialized_end=2297
+  _REPORTSNAPSHOTRESPONSE._serialized_start=2299
+  _REPORTSNAPSHOTRESPONSE._serialized_end=2366
+  _FINISHRUNREQUEST._serialized_start=2369
+  _FINISHRUNREQUEST._serialized_end=2500
+  _FINISHRUNRESPONSE._serialized_start=2502
+  _FINISHRUNRESPONSE._serialized_end=2564
+  _STREAMCOMMANDSREQUEST._serialized_start=2567
+  _STREAMCOMMANDSREQUEST._serialized_end=2731
+  _STREAMCOMMANDSRESPONSE._serialized_start=2733
+  _STREAMCOMMANDSRESPONSE._serialized_end=2797
+  _POLLCOMMANDSREQUEST._serialized_start=2800
+  _POLLCOMMANDSREQUEST._serialized_end=2996
+  _POLLCOMMANDSRESPONSE._serialized_start=2998
+  _POLLCOMMANDSRESPONSE._serialized_end=3104
+  _WORKERSERVICE._serialized_start=3220
+  _WORKERSERVICE._serialized_end=4140
 # @@protoc_insertion_point(module_scope)

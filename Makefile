@@ -64,8 +64,17 @@ BUILD_LDFLAGS = -X $(VERSION_PKG).stampedVersion=$(BUILD_VERSION) -X $(VERSION_P
 build: ## Build the binaries into bin/ (stamped with git describe and the commit).
 	$(GO) build -ldflags '$(BUILD_LDFLAGS)' -o bin/ ./cmd/...
 
-run: build ## Run the coordinator with its defaults (127.0.0.1:7070, data in ./data).
-	./bin/snapcoord serve
+# Where `make run`'s coordinator listens and keeps its data, e.g. a second
+# one beside the first: make run LISTEN=127.0.0.1:7080
+# METRICS_LISTEN=127.0.0.1:7081 DATA_DIR=./data-2. Unset, serve's defaults
+# apply (or its SNAPCOORD_LISTEN, SNAPCOORD_METRICS_LISTEN and
+# SNAPCOORD_DATA_DIR variables).
+LISTEN ?=
+METRICS_LISTEN ?=
+DATA_DIR ?=
+
+run: build ## Run the coordinator with its defaults (127.0.0.1:7070, metrics 127.0.0.1:7071, data in ./data); LISTEN=, METRICS_LISTEN=, DATA_DIR= move them.
+	./bin/snapcoord serve$(if $(LISTEN), --listen '$(LISTEN)')$(if $(METRICS_LISTEN), --metrics-listen '$(METRICS_LISTEN)')$(if $(DATA_DIR), --data-dir '$(DATA_DIR)')
 
 # The Debian packages are checked first, so that a machine without them (and
 # no root to install them) stops at once, before any build. A Python suite

@@ -70,7 +70,7 @@ func newServeFlags(cfg *serveConfig) *flag.FlagSet {
 	fs.StringVar(&c.TLSCert, "tls-cert", def.TLSCert, "PEM certificate `file` for TLS (with --tls-key)")
 	fs.StringVar(&c.TLSKey, "tls-key", def.TLSKey, "PEM private key `file` for TLS (with --tls-cert)")
 	fs.StringVar(&c.ClientCA, "client-ca", def.ClientCA, "PEM CA `file`: require client certificates signed by it (mutual TLS; needs --tls-cert)")
-	fs.DurationVar(&c.CredentialsCheckInterval, "credentials-check-interval", def.CredentialsCheckInterval, "how often --admin-token-file, --viewer-token-file, --tls-cert, --tls-key and --client-ca are checked for changes and reloaded (0: only on SIGHUP, which always reloads them)")
+	durations.Var(fs, &c.CredentialsCheckInterval, "credentials-check-interval", def.CredentialsCheckInterval, durations.Options{}, "how often --admin-token-file, --viewer-token-file, --tls-cert, --tls-key and --client-ca are checked for changes and reloaded (0: only on SIGHUP, which always reloads them)")
 	fs.StringVar((*string)(&c.Reflection), "reflection", string(def.Reflection), "server reflection: open, auth (admin token), off, or auto (open on a loopback --listen, auth otherwise)")
 
 	fs.StringVar(&c.MetricsListen, "metrics-listen", def.MetricsListen, "HTTP `address` serving Prometheus /metrics (and /debug/pprof/ with --pprof); empty disables it")

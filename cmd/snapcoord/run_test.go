@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"flag"
 	"reflect"
 	"regexp"
 	"strings"
@@ -133,9 +134,44 @@ func TestServeDurationGrammar(t *testing.T) {
 	if cfg.LeaseTTL != time.Minute || cfg.DrainTimeout != 90*time.Second || cfg.FinishedRunRetention != 30*24*time.Hour {
 		t.Errorf("lease TTL %v, drain timeout %v, retention %v; want 1m, 1m30s, 720h", cfg.LeaseTTL, cfg.DrainTimeout, cfg.FinishedRunRetention)
 	}
+	// The form docs/operations.md promises for every duration, DD:HH:MM:SS
+	// included, for the one flag that was a Go-only flag.Duration.
+	for _, v := range []string{"00:00:00:30", "0:30", "30s"} {
+		cfg, _, err := parseServe([]string{"--credentials-check-interval", v}, noEnv)
+		if err != nil || cfg.CredentialsCheckInterval != 30*time.Second {
+			t.Errorf("--credentials-check-interval %s: %v, %v; want 30s", v, cfg.CredentialsCheckInterval, err)
+		}
+	}
 	if _, _, err := parseServe([]string{"--lease-ttl", "15"}, noEnv); err == nil || !strings.Contains(err.Error(), "--lease-ttl") ||
 		!strings.Contains(err.Error(), "write 15s or 15m") {
 		t.Errorf("--lease-ttl 15: %v, want the flag named and the ambiguity explained", err)
+	}
+}
+
+// Every duration flag of serve reads the common grammar, none the flag
+// package's Go-only one.
+func TestEveryServeDurationFlagTakesTheGrammar(t *testing.T) {
+	var cfg serveConfig
+	newServeFlags(&cfg).VisitAll(func(f *flag.Flag) {
+		if g, ok := f.Value.(flag.Getter); ok {
+			if _, goOnly := g.Get().(time.Duration); goOnly {
+				t.Errorf("--%s is a flag.Duration: it refuses 00:00:00:30 and 1-00:00:00", f.Name)
+			}
+		}
+	})
+}
+
+// A usage error is one line that says where the help is, not the usage:
+// 90 lines that push the error off the screen.
+func TestServeUsageErrorIsOneLine(t *testing.T) {
+	for _, args := range [][]string{{"--nope"}, {"--lease-ttl", "soon"}, {"--log-format", "xml"}, {"now"}} {
+		var stdout, stderr bytes.Buffer
+		if code := runServe(t.Context(), args, noEnv, &stdout, &stderr); code != exitUsage {
+			t.Errorf("serve %q: exit %d, want %d", args, code, exitUsage)
+		}
+		if n := strings.Count(stderr.String(), "\n"); n != 1 || !strings.HasSuffix(stderr.String(), "; see 'snapcoord serve --help'\n") {
+			t.Errorf("serve %q: stderr has %d lines: %q; want one, ending \"see 'snapcoord serve --help'\"", args, n, stderr.String())
+		}
 	}
 }
 

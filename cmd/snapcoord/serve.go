@@ -23,8 +23,9 @@ func runServe(ctx context.Context, args []string, lookupEnv func(string) (string
 		return exitOK
 	}
 	if err != nil {
-		fmt.Fprintf(stderr, "snapcoord serve: %v\n\n", err)
-		printServeUsage(stderr, fs)
+		// One line, not the 90 of the usage, which would push the error
+		// off the screen (or out of a unit's journal excerpt).
+		fmt.Fprintf(stderr, "snapcoord serve: %v; see 'snapcoord serve --help'\n", err)
 		return exitUsage
 	}
 	nTokens, err := adminTokens(&cfg, lookupEnv)

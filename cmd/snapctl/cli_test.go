@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+	"github.com/snapcoord/snapcoord/client"
 )
 
 // A time of day in Paris: the tests run snapctl with TZ=Europe/Paris.
@@ -292,17 +293,28 @@ func hasKey(v any, path string) bool {
 	return true
 }
 
-// run watch starts with where the run stands, its state and last decision,
-// then follows; a run that has ended gets no countdown to B.
-func TestWatchStartsWithStateAndLastDecision(t *testing.T) {
+// runAtStep2 is a server with run r1 RUNNING, steps 1 and 2 decided,
+// and the trainer that stepped it.
+func runAtStep2(t *testing.T) (*server, *client.Trainer) {
+	t.Helper()
 	s := startServer(t)
 	tok := s.createRun("r1", "--world-size", "1", "--budget", "1h", "--margin", "30")
 	tr := s.trainer("r1", tok)
 	completeStep(t, tr, 1, time.Second, v1.StepAction_STEP_ACTION_CONTINUE)
 	completeStep(t, tr, 2, time.Second, v1.StepAction_STEP_ACTION_CONTINUE)
+	return s, tr
+}
 
-	p := startProc(t, s.env(), bin.snapctl, "run", "watch", "r1")
+// run watch --from-now starts with where the run stands, its state and
+// last decision, then follows; a run that has ended gets no countdown to B.
+func TestWatchFromNowStartsWithStateAndLastDecision(t *testing.T) {
+	s, tr := runAtStep2(t)
+
+	p := startProc(t, s.env(), bin.snapctl, "run", "watch", "r1", "--from-now")
 	p.waitFor(t, "the watch to show the run", func(out string) bool { return strings.Contains(out, "last decision, step 2 at ") })
+	if strings.Contains(p.out.String(), "step 1") {
+		t.Errorf("run watch --from-now printed history (step 1):\n%s", p.out.String())
+	}
 	head := p.out.String()
 	for _, want := range []string{"run r1 is RUNNING at step 2; B = ", " (in ", "last decision, step 2 at ", ": continued: "} {
 		if !strings.Contains(head, want) {
@@ -319,7 +331,7 @@ func TestWatchStartsWithStateAndLastDecision(t *testing.T) {
 
 	// A run that has ended: its state, how its end stood to B, the last
 	// decision, and no "in N min".
-	r := s.wantExit(exitRunFailed, "run", "watch", "r1")
+	r := s.wantExit(exitRunFailed, "run", "watch", "r1", "--from-now")
 	for _, want := range []string{"run r1 is CANCELLED at step 3; B = ", "(the run ended ", " before B)", "last decision, step 3 at ", "run r1 ended CANCELLED"} {
 		if !strings.Contains(r.stdout, want) {
 			t.Errorf("run watch of an ended run lacks %q:\n%s", want, r.stdout)
@@ -330,5 +342,109 @@ func TestWatchStartsWithStateAndLastDecision(t *testing.T) {
 	}
 	if out := s.ok("run", "get", "r1"); strings.Contains(out, "(in ") || !strings.Contains(out, "before B)") {
 		t.Errorf("run get of an ended run counts down to B:\n%s", out)
+	}
+}
+
+// `snapctl run` alone lists run's commands (it said "unknown command");
+// with --help on stdout, exit 0; with a wrong one, the error and the list.
+func TestGroupAloneListsItsCommands(t *testing.T) {
+	s := &server{t: t, addr: closedPort(t)} // nothing is called
+	for _, tc := range []struct {
+		args     []string
+		code     int
+		out, err string // where the list is, and the error
+	}{
+		{[]string{"run"}, exitUsage, "", ""},
+		{[]string{"run", "--help"}, exitOK, "stdout", ""},
+		{[]string{"run", "help"}, exitOK, "stdout", ""},
+		{[]string{"run", "frobnicate"}, exitUsage, "", `unknown command "run frobnicate"`},
+	} {
+		r := s.wantExit(tc.code, tc.args...)
+		list := r.stderr
+		if tc.out == "stdout" {
+			list = r.stdout
+		}
+		for _, want := range []string{"usage: snapctl run <command>", "run create ", "run watch ", "run reissue-token ", "snapctl run <command> --help"} {
+			if !strings.Contains(list, want) {
+				t.Errorf("snapctl %v: the list lacks %q:\nstdout: %s\nstderr: %s", tc.args, want, r.stdout, r.stderr)
+			}
+		}
+		if strings.Contains(r.stderr, "unknown command") != (tc.err != "") || !strings.Contains(r.stderr, tc.err) {
+			t.Errorf("snapctl %v: stderr %q, want the error %q only if given", tc.args, r.stderr, tc.err)
+		}
+	}
+}
+
+// Under -o json an error is JSON too: one object on one line on stderr
+// (stdout holds results only), with the exit status and the gRPC code
+// when the coordinator gave one; wherever -o is, even after a bad flag.
+func TestErrorsAreJSONUnderOutputJSON(t *testing.T) {
+	s := startServer(t)
+	silent := &server{t: t, addr: silentPeer(t)}
+	for _, tc := range []struct {
+		s        *server
+		args     []string
+		code     int
+		grpcCode string
+		says     string
+	}{
+		{s, []string{"-o", "json", "run", "get", "nope"}, exitNotFound, "NotFound", `run "nope" not found`},
+		{s, []string{"run", "get", "nope", "--output=json"}, exitNotFound, "NotFound", `run "nope" not found`},
+		{s, []string{"--bogus", "-o", "json", "run", "list"}, exitUsage, "", "--bogus"},
+		{s, []string{"-o", "json", "run"}, exitUsage, "", "run create, run get"},
+		{s, []string{"run", "create", "r0", "--world-size", "1", "--budget", "0", "-o", "json"}, exitUsage, "", "--budget must be positive"},
+		{s, []string{"--token", "wrong", "-o", "json", "run", "list"}, exitAuth, "Unauthenticated", "list runs"},
+		{silent, []string{"-o", "json", "run", "list"}, exitUnavailable, "", "did not answer"},
+	} {
+		r := tc.s.snapctlEnv(noPlaintextEnv, tc.args...)
+		if r.code != tc.code || r.stdout != "" {
+			t.Errorf("snapctl %v: exit %d, stdout %q; want %d and nothing on stdout", tc.args, r.code, r.stdout, tc.code)
+		}
+		var e struct {
+			Error      string `json:"error"`
+			ExitStatus int    `json:"exit_status"`
+			GRPCCode   string `json:"grpc_code"`
+		}
+		dec := json.NewDecoder(strings.NewReader(r.stderr))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&e); err != nil || strings.Count(r.stderr, "\n") != 1 {
+			t.Errorf("snapctl %v: stderr %q is not one JSON object on one line: %v", tc.args, r.stderr, err)
+			continue
+		}
+		if e.ExitStatus != tc.code || e.GRPCCode != tc.grpcCode || !strings.Contains(e.Error, tc.says) || strings.HasPrefix(e.Error, "snapctl:") {
+			t.Errorf("snapctl %v: %+v; want exit_status %d, grpc_code %q, an error saying %q", tc.args, e, tc.code, tc.grpcCode, tc.says)
+		}
+	}
+	// The last -o wins, as for the output.
+	if r := s.wantExit(exitNotFound, "-o", "json", "-o", "table", "run", "get", "nope"); !strings.HasPrefix(r.stderr, "snapctl: get run nope: NotFound") {
+		t.Errorf("-o json -o table: stderr %q, want the text form", r.stderr)
+	}
+}
+
+// run watch prints the run's history first, as events --follow does (it
+// printed none: a watch started mid-run showed nothing of how it got
+// there), then follows; -o json prints the same events as JSON lines.
+func TestWatchPrintsHistoryFirst(t *testing.T) {
+	s, tr := runAtStep2(t)
+	history := s.ok("events", "r1")
+
+	p := startProc(t, s.env(), bin.snapctl, "run", "watch", "r1")
+	p.waitFor(t, "the history", func(out string) bool { return strings.Contains(out, history) })
+	head := p.out.String()
+	if !strings.HasPrefix(head, "run r1 is RUNNING at step 2; B = ") || !strings.Contains(head, "step 1") {
+		t.Errorf("run watch began without the state and then the whole history (step 1 included):\n%s", head)
+	}
+	completeStep(t, tr, 3, time.Second, v1.StepAction_STEP_ACTION_CONTINUE)
+	p.waitFor(t, "step 3's decision", func(out string) bool { return strings.Contains(out[len(head):], "step 3") })
+	s.ok("run", "cancel", "r1", "--reason", "done watching")
+	if code := p.exitCode(t); code != exitRunFailed || !strings.Contains(p.out.String(), "run r1 ended CANCELLED") {
+		t.Errorf("run watch: exit %d, want %d after the cancel:\n%s", code, exitRunFailed, p.out.String())
+	}
+
+	// A run that has ended: its whole history, as JSON lines, and nothing else.
+	events := strings.Split(strings.TrimSpace(s.ok("events", "r1", "-o", "json")), "\n")
+	r := s.wantExit(exitRunFailed, "run", "watch", "r1", "-o", "json")
+	if got := strings.Split(strings.TrimSpace(r.stdout), "\n"); strings.Join(got, "\n") != strings.Join(events, "\n") || len(got) < 5 {
+		t.Errorf("run watch -o json of an ended run printed %d lines, want its %d events:\n%s", len(got), len(events), r.stdout)
 	}
 }

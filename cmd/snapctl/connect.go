@@ -16,21 +16,26 @@ import (
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 	"github.com/snapcoord/snapcoord/client"
-	"github.com/snapcoord/snapcoord/cmd/internal/durations"
 )
 
-// connect dials with the admin token and waits, within --timeout, for the
-// connection to come up. A one-shot command fails as soon as the first
-// attempt does, saying why and what to change: a refused connection, a
-// TLS/plaintext mismatch or an untrusted certificate does not go away in
-// the 20 s the client would retry it. Once connected, calls are retried
-// as before: a coordinator that goes away then is restarting. The sidecar,
-// which must ride out restarts from its start, uses dial.
+// connect dials with the admin token and waits, within --connect-timeout
+// (and --timeout), for the coordinator to answer: the connection comes up
+// and, for one address, a health check is answered. A one-shot command
+// fails as soon as the first attempt does, saying why and what to change: a
+// refused connection, a TLS/plaintext mismatch or an untrusted certificate
+// does not go away in the 20 s the client would retry it; nor, within
+// --timeout, does a peer that accepts connections and never answers. Once
+// connected, calls are retried as before: a coordinator that goes away then
+// is restarting. Streams that follow (events --follow, run watch) are not
+// bounded past this. The sidecar, which must ride out restarts from its
+// start, uses dial.
 func (c *cli) connect(ctx context.Context) (*client.Client, error) {
 	cl, err := c.dial("")
 	if err != nil {
 		return nil, err
 	}
+	ctx, cancel := c.connectBound(ctx)
+	defer cancel()
 	if err := c.awaitConnection(ctx, cl.Conn()); err != nil {
 		cl.Close()
 		return nil, err
@@ -45,26 +50,36 @@ func (c *cli) connect(ctx context.Context) (*client.Client, error) {
 // awaitLeader fails at once, naming the leader, when the one address given
 // is a follower's: its calls would be refused NOT_LEADER, retried for
 // about 20 s, and refused again. Its health tells: RunService NOT_SERVING.
-// (A list finds its leader by health checks, or fails to connect.)
+// (A list finds its leader by health checks, or fails to connect.) The
+// check is also the first answer asked of the peer: one that made the
+// HTTP/2 handshake and then leaves calls unanswered fails here, within
+// ctx's bound, rather than later, at --timeout or never (a follow).
 func (c *cli) awaitLeader(ctx context.Context, conn *grpc.ClientConn) error {
 	addrs := client.Addrs(c.conn.addr)
 	if len(addrs) != 1 {
 		return nil
 	}
-	ctx, cancel := c.call(ctx)
-	defer cancel()
 	resp, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{Service: v1.RunService_ServiceDesc.ServiceName})
+	if status.Code(err) == codes.DeadlineExceeded {
+		// The coordinator's side of the deadline (grpc-timeout) may end
+		// the call a moment before ctx's own timer fires.
+		<-ctx.Done()
+		if errors.Is(context.Cause(ctx), errNoAnswer) {
+			return c.noAnswer("answered the connection but not a health check", nil)
+		}
+	}
 	if err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_NOT_SERVING {
 		return nil // SERVING, or a coordinator without this health: the calls tell
 	}
 	return c.followerRefusal(ctx, addrs)
 }
 
-// awaitConnection waits until conn is READY, or its first attempt failed.
+// awaitConnection waits until conn is READY (the peer answered the
+// handshakes), or its first attempt failed, or ctx's bound passed.
 func (c *cli) awaitConnection(ctx context.Context, conn *grpc.ClientConn) error {
-	ctx, cancel := c.call(ctx)
-	defer cancel()
 	conn.Connect()
+	probe := c.probeLater(ctx)
+	defer probe.stop()
 	for {
 		state := conn.GetState()
 		switch state {
@@ -77,9 +92,7 @@ func (c *cli) awaitConnection(ctx context.Context, conn *grpc.ClientConn) error 
 			if parent := context.Cause(ctx); errors.Is(parent, context.Canceled) {
 				return parent
 			}
-			return withExit(exitUnavailable, fmt.Errorf("cannot connect to %s over %s: no connection within --timeout %s "+
-				"(still %s: the host does not answer, or what answers is not a gRPC server)",
-				c.conn.addr, c.transportName(), durations.Format(c.conn.timeout), strings.ToLower(state.String())))
+			return c.noAnswer("did not answer", probe.result())
 		}
 	}
 }
@@ -187,6 +200,15 @@ var connectFixes = []struct {
 	}},
 	{[]string{"first record does not look like a TLS handshake"}, func(c *cli) string {
 		return "The coordinator speaks plaintext: pass --plaintext (or SNAPCOORD_PLAINTEXT=1), or give the coordinator --tls-cert and --tls-key"
+	}},
+	// grpc-go closes a connection whose handshake is not answered within
+	// its own connect timeout (5 s): a silent peer, when --connect-timeout
+	// is longer. It reads as a closed connection, which is not TLS's doing.
+	{[]string{"use of closed network connection"}, func(c *cli) string {
+		return "It accepted the connection but did not answer: something holds the port without serving it (a coordinator that is stopped or hung, or another program). Check --addr (or SNAPCOORD_ADDR), and the coordinator's process and log"
+	}},
+	{[]string{"looked like an HTTP/1.1 header"}, func(c *cli) string {
+		return "What answers there speaks HTTP/1.1, not gRPC: a web server, such as the coordinator's --metrics-listen (its /metrics and status page, 127.0.0.1:7071 under `make run`). Give --addr the coordinator's gRPC --listen address (127.0.0.1:7070 under `make run`)"
 	}},
 	{[]string{"server preface", "connection reset by peer", "EOF"}, func(c *cli) string {
 		switch {

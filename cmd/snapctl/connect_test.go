@@ -7,14 +7,17 @@ import (
 	"net"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+	"github.com/snapcoord/snapcoord/internal/coordproc"
 	"github.com/snapcoord/snapcoord/internal/fakefollower"
 	"github.com/snapcoord/snapcoord/internal/testpki"
 )
@@ -140,15 +143,17 @@ func TestTransportDefault(t *testing.T) {
 	}
 }
 
-// A host that accepts the connection and never answers holds snapctl for
-// --timeout, not longer, and the error says where and how long.
-func TestConnectionTimeoutNamesAddressAndBound(t *testing.T) {
+// silentPeer is a loopback listener that accepts connections and never
+// answers them, as a stopped (SIGSTOP) or hung process's socket does.
+func silentPeer(t *testing.T) string {
+	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
+	done := make(chan struct{})
 	go func() {
+		defer close(done)
 		var held []net.Conn // accepted, never answered
 		defer func() {
 			for _, c := range held {
@@ -163,16 +168,172 @@ func TestConnectionTimeoutNamesAddressAndBound(t *testing.T) {
 			held = append(held, c)
 		}
 	}()
-	s := &server{t: t, addr: l.Addr().String()}
-	start := time.Now()
-	r := s.snapctlEnv(noPlaintextEnv, "run", "list", "--timeout", "1s")
-	took := time.Since(start)
-	want := "cannot connect to " + s.addr + " over plaintext (the default for a loopback address): no connection within --timeout 1s"
-	if r.code != exitUnavailable || !strings.Contains(r.stderr, want) {
-		t.Errorf("exit %d, stderr %q; want %d with %q", r.code, r.stderr, exitUnavailable, want)
+	t.Cleanup(func() {
+		l.Close()
+		<-done
+	})
+	return l.Addr().String()
+}
+
+// A peer that accepts the connection and never answers fails every
+// command within 2 s, those that follow a stream included, saying it did
+// not answer: not that it closed the connection, and no TLS advice.
+func TestSilentPeerFailsFast(t *testing.T) {
+	s := &server{t: t, addr: silentPeer(t)}
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"one-shot call", []string{"run", "list"}, "within --connect-timeout 1.5s"},
+		{"events --follow", []string{"events", "r1", "--follow"}, "within --connect-timeout 1.5s"},
+		{"run watch", []string{"run", "watch", "r1"}, "within --connect-timeout 1.5s"},
+		{"over TLS", []string{"--plaintext=false", "run", "get", "r1"}, "within --connect-timeout 1.5s"},
+		{"a shorter --timeout", []string{"--timeout", "1s", "run", "list"}, "within --timeout 1s"},
+		{"SNAPCOORD_CONNECT_TIMEOUT", []string{"run", "list"}, "within --connect-timeout 1s"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			env := noPlaintextEnv
+			if tc.name == "SNAPCOORD_CONNECT_TIMEOUT" {
+				env = append([]string{"SNAPCOORD_CONNECT_TIMEOUT=1s"}, env...)
+			}
+			start := time.Now()
+			r := s.snapctlEnv(env, tc.args...)
+			took := time.Since(start)
+			want := "cannot connect to " + s.addr + " over "
+			if r.code != exitUnavailable || !strings.Contains(r.stderr, want) ||
+				!strings.Contains(r.stderr, "it accepted the connection but did not answer "+tc.want) {
+				t.Errorf("snapctl %v: exit %d, stderr %q; want %d, %q and that it did not answer %s", tc.args, r.code, r.stderr, exitUnavailable, want, tc.want)
+			}
+			for _, wrong := range []string{"--ca-file", "closed", "TLS does", "certificate"} {
+				if strings.Contains(r.stderr, wrong) {
+					t.Errorf("snapctl %v: stderr says %q, which a silent peer is not about:\n%s", tc.args, wrong, r.stderr)
+				}
+			}
+			t.Logf("failed in %v", took)
+			if took > 2*time.Second {
+				t.Errorf("snapctl %v took %v to fail, want at most 2s", tc.args, took)
+			}
+		})
 	}
-	if took < time.Second || took > time.Second+failFastBound {
-		t.Errorf("took %v, want --timeout 1s", took)
+}
+
+// unansweringHost is a loopback address whose TCP handshake never
+// completes, as a host that is down or behind a firewall that drops
+// packets: a listener with a backlog of 0, never accepting, whose queue
+// one connection fills (Linux then drops the SYNs).
+func unansweringHost(t *testing.T) string {
+	t.Helper()
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Close(fd) })
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Listen(fd, 0); err != nil {
+		t.Fatal(err)
+	}
+	sa, err := syscall.Getsockname(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := fmt.Sprintf("127.0.0.1:%d", sa.(*syscall.SockaddrInet4).Port)
+	filler, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { filler.Close() })
+	return addr
+}
+
+// A host that does not complete the TCP handshake is told apart from one
+// that accepts and says nothing; over a list, the error names the
+// addresses that accepted.
+func TestUnansweringHostIsNotCalledSilent(t *testing.T) {
+	down, silent := unansweringHost(t), silentPeer(t)
+	s := &server{t: t, addr: down}
+	for _, tc := range []struct{ addr, want string }{
+		{down, "no TCP connection within --connect-timeout 1.5s: the host does not answer"},
+		{down + "," + silent, silent + " accepted the connection but did not answer within --connect-timeout 1.5s"},
+	} {
+		start := time.Now()
+		r := s.snapctlEnv(noPlaintextEnv, "--addr", tc.addr, "run", "list")
+		if took := time.Since(start); r.code != exitUnavailable || !strings.Contains(r.stderr, tc.want) || took > 2*time.Second {
+			t.Errorf("--addr %s: exit %d after %v, stderr %q; want %d within 2s and %q", tc.addr, r.code, took, r.stderr, exitUnavailable, tc.want)
+		}
+	}
+}
+
+// hungHealth answers the HTTP/2 handshake (a real gRPC server) but no
+// health check: a coordinator whose process is wedged past its transport.
+type hungHealth struct {
+	healthpb.UnimplementedHealthServer
+}
+
+func (hungHealth) Check(ctx context.Context, _ *healthpb.HealthCheckRequest) (*healthpb.HealthCheckResponse, error) {
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+// A peer that made the connection but answers no call fails at connect
+// too, within 2 s, even for a command that then follows a stream.
+func TestPeerThatAnswersNoCallFailsFast(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	healthpb.RegisterHealthServer(srv, hungHealth{})
+	go func() { _ = srv.Serve(l) }()
+	defer srv.Stop()
+
+	s := &server{t: t, addr: l.Addr().String()}
+	for _, args := range [][]string{{"run", "list"}, {"events", "r1", "--follow"}} {
+		start := time.Now()
+		r := s.snapctlEnv(noPlaintextEnv, args...)
+		took := time.Since(start)
+		want := "it answered the connection but not a health check within --connect-timeout 1.5s"
+		if r.code != exitUnavailable || !strings.Contains(r.stderr, want) {
+			t.Errorf("snapctl %v: exit %d, stderr %q; want %d and %q", args, r.code, r.stderr, exitUnavailable, want)
+		}
+		if took > 2*time.Second {
+			t.Errorf("snapctl %v took %v to fail, want at most 2s", args, took)
+		}
+	}
+}
+
+// snapctl pointed at the coordinator's metrics port (HTTP/1.1) says so
+// and names the gRPC address to give, not TLS.
+func TestMetricsPortNamed(t *testing.T) {
+	p := coordproc.ForTest(t, coordproc.Config{Bin: bin.snapcoord, DataDir: t.TempDir(), Metrics: true})
+	s := &server{t: t, addr: p.MetricsAddr}
+	r := s.snapctlEnv(noPlaintextEnv, "run", "list")
+	for _, want := range []string{"cannot connect to " + p.MetricsAddr, "speaks HTTP/1.1, not gRPC", "--metrics-listen", "gRPC --listen address"} {
+		if !strings.Contains(r.stderr, want) {
+			t.Errorf("stderr lacks %q:\n%s", want, r.stderr)
+		}
+	}
+	if r.code != exitUnavailable || strings.Contains(r.stderr, "--ca-file") {
+		t.Errorf("exit %d, stderr %q; want %d and no TLS advice", r.code, r.stderr, exitUnavailable)
+	}
+}
+
+// The sidecar rides out a coordinator that does not answer yet (it keeps
+// trying until --timeout), but says within the connect bound why it waits.
+func TestSidecarSaysItsPeerIsSilent(t *testing.T) {
+	s := &server{t: t, addr: silentPeer(t)}
+	start := time.Now()
+	p := startProc(t, s.env("SNAPCOORD_PLAINTEXT="), bin.snapctl, "sidecar", "--run", "r1", "--run-token", "tok",
+		"--on-snapshot", "true", "--timeout", "30s")
+	p.waitFor(t, "the warning", func(out string) bool { return strings.Contains(out, "it accepted the connection but did not answer") })
+	if took := time.Since(start); took > 2*time.Second {
+		t.Errorf("the sidecar said so after %v, want within 2s", took)
+	}
+	if !strings.Contains(p.out.String(), "still trying until --timeout 30s") {
+		t.Errorf("the warning does not say the sidecar keeps trying:\n%s", p.out.String())
 	}
 }
 

@@ -45,6 +45,16 @@ var (
 	durationGrammar = durations.Options{}
 )
 
+// positiveBudget refuses --budget 0: B would be the run's start, a run
+// already past its deadline. (A negative one the grammar refuses.)
+func positiveBudget(d time.Duration) error {
+	if d <= 0 {
+		return usageErr(errors.New("--budget must be positive: 0 puts the deadline B at the run's start, already past " +
+			"(to fire the deadline of a live run now: snapctl run trigger)"))
+	}
+	return nil
+}
+
 func setupRunCreate(fs *flag.FlagSet, c *cli) func(context.Context, []string) error {
 	c.outputs = []string{"env", "json"}
 	var f specFlags
@@ -110,6 +120,9 @@ func (c *cli) applyDeadlineFlags(f specFlags, spec *v1.RunSpec) error {
 		return usageErr(errors.New("give --budget or --must-save-by, not both"))
 	}
 	if c.setFlags["budget"] {
+		if err := positiveBudget(f.budget); err != nil {
+			return err
+		}
 		ck.CheckpointMustSaveBy, ck.MustSaveBy = durations.FormatDHMS(f.budget), nil
 	}
 	if c.setFlags["must-save-by"] {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -199,9 +200,11 @@ func TestSlurmTimes(t *testing.T) {
 	if got := run.GetDeadline().GetMustSaveBy().AsTime(); !got.Equal(end) {
 		t.Errorf("--must-save-by slurm: B = %v, want the job's end %v", got, end)
 	}
-	run = create("end-10m", "--must-save-by", "slurm-10m")
-	if got := run.GetDeadline().GetMustSaveBy().AsTime(); !got.Equal(end.Add(-10 * time.Minute)) {
-		t.Errorf("--must-save-by slurm-10m: B = %v, want %v", got, end.Add(-10*time.Minute))
+	for _, offset := range []string{"slurm-10m", "slurm-00:10:00", "slurm-10:00"} {
+		run = create("end-"+strings.ReplaceAll(offset, ":", ""), "--must-save-by", offset)
+		if got := run.GetDeadline().GetMustSaveBy().AsTime(); !got.Equal(end.Add(-10 * time.Minute)) {
+			t.Errorf("--must-save-by %s: B = %v, want %v", offset, got, end.Add(-10*time.Minute))
+		}
 	}
 
 	// scontrol update extended the job: extend reads the new end. The
@@ -371,6 +374,10 @@ func TestDurationFlags(t *testing.T) {
 		{[]string{"--snapshot-interval", "1.5"}, "must be whole seconds"},
 		{[]string{"--budget", "1.5s"}, "must be whole seconds"},
 		{[]string{"--margin", "-5"}, "must not be negative"},
+		// A budget of 0 would create a run already past its deadline.
+		{[]string{"--budget", "0"}, "--budget must be positive"},
+		{[]string{"--budget", "00:00:00:00"}, "--budget must be positive"},
+		{[]string{"--budget", "-1h"}, "must not be negative"},
 	} {
 		args := append([]string{"run", "create", "bad", "--world-size", "1"}, tc.args...)
 		r := s.wantExit(exitUsage, args...)
@@ -382,4 +389,30 @@ func TestDurationFlags(t *testing.T) {
 		t.Errorf("SNAPCOORD_TIMEOUT=0:30 (MM:SS): exit %d: %s", r.code, r.stderr)
 	}
 	s.wantExit(exitNotFound, "run", "get", "bad") // nothing was created
+	if r := s.wantExit(exitUsage, "run", "extend", "go", "--budget", "0s"); !strings.Contains(r.stderr, "--budget must be positive") {
+		t.Errorf("run extend --budget 0s: stderr %q, want it to name --budget", r.stderr)
+	}
+	if got := s.getRun("go").GetSpec().GetCheckpointing().GetCheckpointMustSaveBy(); got != "00:03:45:00" {
+		t.Errorf("after a refused run extend --budget 0s, the budget is %q, want 00:03:45:00 still", got)
+	}
+}
+
+func isDuration(v any) bool {
+	_, ok := v.(time.Duration)
+	return ok
+}
+
+// Every duration flag of every command reads the common grammar
+// (cmd/internal/durations), none the flag package's Go-only one.
+func TestEveryDurationFlagTakesTheGrammar(t *testing.T) {
+	for _, cmd := range commands {
+		c := &cli{env: env{lookup: func(string) (string, bool) { return "", false }}, setFlags: map[string]bool{}}
+		fs := c.newFlagSet("snapctl " + cmd.name)
+		cmd.setup(fs, c)
+		fs.VisitAll(func(f *flag.Flag) {
+			if g, ok := f.Value.(flag.Getter); ok && isDuration(g.Get()) {
+				t.Errorf("snapctl %s --%s is a flag.Duration: it refuses 00:10:00 and 1-00:00:00", cmd.name, f.Name)
+			}
+		})
+	}
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -96,12 +97,55 @@ func (c *cli) fail(err error) int {
 			}
 			msg += ")"
 		}
+		if c.jsonErrors {
+			c.printJSONError(msg, code, err)
+			return code
+		}
 		fmt.Fprintf(c.stderr, "snapctl: %s\n", msg)
 		if code == exitUsage {
 			fmt.Fprintln(c.stderr, "run 'snapctl help' for usage")
 		}
 	}
 	return code
+}
+
+// jsonError is an error under -o json: one object on one line, on stderr
+// like every error, so that stdout holds only results (a script piping
+// `snapctl -o json run get` into jq never reads an error as a run).
+type jsonError struct {
+	Error      string `json:"error"`               // as the text form says it, without "snapctl: "
+	ExitStatus int    `json:"exit_status"`         // the process's exit status
+	GRPCCode   string `json:"grpc_code,omitempty"` // the coordinator's answer, when it gave one
+}
+
+func (c *cli) printJSONError(msg string, code int, err error) {
+	e := jsonError{Error: msg, ExitStatus: code}
+	if st, ok := status.FromError(err); ok { // it unwraps
+		e.GRPCCode = st.Code().String()
+	}
+	b, _ := json.Marshal(e) // strings and an int: cannot fail
+	fmt.Fprintf(c.stderr, "%s\n", b)
+}
+
+// wantsJSONErrors reads -o from the arguments themselves (the last one
+// given wins, as in the flag package), so that an error found before -o
+// is parsed, such as a bad flag ahead of it, is JSON too.
+func wantsJSONErrors(args []string) bool {
+	out := ""
+	for i, a := range args {
+		if a == "--" {
+			break
+		}
+		name, value, hasValue := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		if !strings.HasPrefix(a, "-") || (name != "o" && name != "output") {
+			continue
+		}
+		if !hasValue && i+1 < len(args) {
+			value = args[i+1]
+		}
+		out = value
+	}
+	return out == "json"
 }
 
 // describe shows a gRPC status as "Code: message" in place of grpc-go's

@@ -19,6 +19,8 @@ type cli struct {
 	output   string          // -o
 	outputs  []string        // what -o accepts for this command; first is the default
 	setFlags map[string]bool // flags given on the command line, before the command or after it
+	// jsonErrors: -o json, so errors are printed as JSON too.
+	jsonErrors bool
 	// lastUnavailable is the last attempt of a call that failed UNAVAILABLE.
 	lastUnavailable attemptLog
 }
@@ -30,6 +32,9 @@ type connConfig struct {
 	caFile, certFile, keyFile string
 	serverName                string
 	timeout                   time.Duration
+	// connectTimeout bounds how long a new connection may go unanswered:
+	// the handshakes and a first health check (see connect).
+	connectTimeout time.Duration
 	// Resolved by transport: whether the connection is plaintext, and
 	// whether only because the address is loopback.
 	plainInUse, plainByDefault bool
@@ -39,7 +44,7 @@ type connConfig struct {
 // they may come before the command or after it.
 var connFlags = map[string]bool{
 	"addr": true, "token": true, "token-file": true, "plaintext": true, "ca-file": true,
-	"cert-file": true, "key-file": true, "server-name": true, "timeout": true, "o": true, "output": true,
+	"cert-file": true, "key-file": true, "server-name": true, "timeout": true, "connect-timeout": true, "o": true, "output": true,
 }
 
 // envNames maps flags to the environment variables that set their
@@ -48,6 +53,7 @@ var envNames = map[string]string{
 	"addr": "SNAPCOORD_ADDR", "token": "SNAPCOORD_TOKEN", "token-file": "SNAPCOORD_TOKEN_FILE",
 	"plaintext": "SNAPCOORD_PLAINTEXT", "ca-file": "SNAPCOORD_CA_FILE", "cert-file": "SNAPCOORD_CERT_FILE",
 	"key-file": "SNAPCOORD_KEY_FILE", "server-name": "SNAPCOORD_SERVER_NAME", "timeout": "SNAPCOORD_TIMEOUT",
+	"connect-timeout": "SNAPCOORD_CONNECT_TIMEOUT",
 	// sidecar
 	"run": "SNAPCOORD_RUN_ID", "run-token": "SNAPCOORD_RUN_TOKEN", "run-token-file": "SNAPCOORD_RUN_TOKEN_FILE",
 	"name": "SNAPCOORD_WORKER_NAME", "on-snapshot": "SNAPCOORD_ON_SNAPSHOT", "on-stop": "SNAPCOORD_ON_STOP",
@@ -68,6 +74,7 @@ func (c *cli) newFlagSet(name string) *flag.FlagSet {
 	fs.StringVar(&c.conn.keyFile, "key-file", c.conn.keyFile, "client key `file`")
 	fs.StringVar(&c.conn.serverName, "server-name", c.conn.serverName, "server `name` to verify")
 	durations.Var(fs, &c.conn.timeout, "timeout", c.conn.timeout, durations.Options{}, "bound on each call")
+	durations.Var(fs, &c.conn.connectTimeout, "connect-timeout", c.conn.connectTimeout, durations.Options{}, "how long a new connection may go unanswered")
 	fs.StringVar(&c.output, "o", c.output, "output `format`")
 	fs.StringVar(&c.output, "output", c.output, "output `format` (same as -o)")
 	return fs

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"time"
 
@@ -34,7 +35,7 @@ var commands = []command{
 	{"run create", "RUN_ID", "create a run; print its token once, for eval", setupRunCreate},
 	{"run get", "RUN_ID", "show a run: state, deadline B, estimates", setupRunGet},
 	{"run list", "", "list runs", setupRunList},
-	{"run watch", "RUN_ID", "show a run's state and last decision, then follow its events until it ends; exit status by its final state", setupRunWatch},
+	{"run watch", "RUN_ID", "show a run's state and history, then follow its events until it ends (--from-now: no history); exit status by its final state", setupRunWatch},
 	{"run explain", "RUN_ID", "explain the latest (or --step N) decision in plain words", setupRunExplain},
 	{"run extend", "RUN_ID", "move the deadline B (--budget, --must-save-by or --add)", setupRunExtend},
 	{"run trigger", "RUN_ID", "fire the deadline now", setupRunTrigger},
@@ -51,7 +52,8 @@ const usageHead = `usage: snapctl [connection flags] <command> [flags] [argument
 commands:
 `
 
-const usageTail = `  version           print the version and commit (also --version)
+const usageTail = `  completion SHELL  print a completion script for bash, zsh or fish
+  version           print the version and commit (also --version)
   help              print this help (also --help)
 
 Flags may come before or after the arguments. Every command takes the
@@ -74,9 +76,14 @@ connection flags (and their environment variables):
                        (SNAPCOORD_SERVER_NAME)
   --timeout DURATION   bound on each call, except following (SNAPCOORD_TIMEOUT,
                        default 30s)
+  --connect-timeout DURATION
+                       how long the coordinator may leave a new connection
+                       unanswered before snapctl gives up and says so
+                       (SNAPCOORD_CONNECT_TIMEOUT, default 1.5s)
   -o, --output table|json
                        output: human tables in local time (default), or
-                       protojson (events: one JSON object per line)
+                       protojson (events: one JSON object per line); with
+                       json, errors are one JSON object on stderr
 
 Exit status:
   0   success
@@ -108,7 +115,8 @@ func printUsage(w io.Writer) {
 
 // run is main without the process.
 func run(ctx context.Context, args []string, e env) int {
-	c := &cli{env: e, conn: connConfig{addr: "127.0.0.1:7070", timeout: 30 * time.Second}}
+	c := &cli{env: e, conn: connConfig{addr: "127.0.0.1:7070", timeout: 30 * time.Second, connectTimeout: defaultConnectTimeout},
+		jsonErrors: wantsJSONErrors(args)}
 	global := c.newFlagSet("snapctl")
 	showVersion := global.Bool("version", false, "print the version")
 	if err := c.applyEnv(global); err != nil {
@@ -129,6 +137,9 @@ func run(ctx context.Context, args []string, e env) int {
 	global.Visit(func(f *flag.Flag) { c.setFlags[f.Name] = true })
 	args = global.Args()
 	if len(args) == 0 {
+		if c.jsonErrors {
+			return c.fail(usageErr(errors.New("no command; run 'snapctl help'")))
+		}
 		printUsage(e.stderr)
 		return exitUsage
 	}
@@ -139,12 +150,67 @@ func run(ctx context.Context, args []string, e env) int {
 	case "version":
 		fmt.Fprintln(e.stdout, version.String("snapctl"))
 		return exitOK
+	case "completion":
+		return c.fail(c.completion(args[1:]))
 	}
 	cmd, rest, ok := findCommand(args)
 	if !ok {
-		return c.fail(usageErr(fmt.Errorf("unknown command %q; run 'snapctl help'", strings.Join(args[:min(2, len(args))], " "))))
+		return c.groupOrUnknown(args)
 	}
 	return c.fail(c.execute(ctx, cmd, rest))
+}
+
+// groupOrUnknown answers args that name no command. The first word of a
+// group of commands ("run") alone, or with --help, lists the group; with
+// a word that is none of its commands, the error lists them too.
+func (c *cli) groupOrUnknown(args []string) int {
+	group := subcommands(args[0])
+	if len(group) == 0 {
+		return c.fail(usageErr(fmt.Errorf("unknown command %q; run 'snapctl help'", strings.Join(args[:min(2, len(args))], " "))))
+	}
+	if len(args) > 1 && slices.Contains([]string{"help", "-h", "--help"}, args[1]) {
+		printGroup(c.stdout, args[0], group)
+		return exitOK
+	}
+	switch {
+	case c.jsonErrors && len(args) == 1:
+		return c.fail(usageErr(fmt.Errorf("%q needs a command: %s", args[0], groupNames(group))))
+	case c.jsonErrors:
+		return c.fail(usageErr(fmt.Errorf("unknown command %q; the %s commands: %s", args[0]+" "+args[1], args[0], groupNames(group))))
+	case len(args) > 1:
+		c.fail(usageErr(fmt.Errorf("unknown command %q", args[0]+" "+args[1])))
+	}
+	printGroup(c.stderr, args[0], group)
+	return exitUsage
+}
+
+// groupNames: "run create, run get, ...".
+func groupNames(cmds []command) string {
+	names := make([]string, len(cmds))
+	for i, c := range cmds {
+		names[i] = c.name
+	}
+	return strings.Join(names, ", ")
+}
+
+// subcommands are the commands whose first word is group, when they have
+// a second.
+func subcommands(group string) []command {
+	var out []command
+	for _, c := range commands {
+		if first, _, ok := strings.Cut(c.name, " "); ok && first == group {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+func printGroup(w io.Writer, group string, cmds []command) {
+	fmt.Fprintf(w, "usage: snapctl %s <command> [flags] [arguments]\n\ncommands:\n", group)
+	for _, c := range cmds {
+		fmt.Fprintf(w, "  %-17s %s\n", c.name, c.summary)
+	}
+	fmt.Fprintf(w, "\nRun 'snapctl %s <command> --help' for a command's flags.\n", group)
 }
 
 // findCommand matches the longest command name at the start of args.
@@ -176,6 +242,7 @@ func (c *cli) execute(ctx context.Context, cmd command, args []string) error {
 	if err := c.checkOutput(); err != nil {
 		return err
 	}
+	c.jsonErrors = c.output == "json"
 	return runFn(ctx, pos)
 }
 

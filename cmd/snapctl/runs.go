@@ -88,6 +88,7 @@ func setupRunExtend(fs *flag.FlagSet, c *cli) func(context.Context, []string) er
 		case given != 1:
 			return nil, usageErr(errors.New("give exactly one of --budget, --must-save-by and --add"))
 		case c.setFlags["budget"]:
+			err = positiveBudget(budget)
 			req.CheckpointMustSaveBy = durations.FormatDHMS(budget)
 		case c.setFlags["must-save-by"]:
 			req.MustSaveBy, err = c.parseTime("must-save-by", *mustSaveBy, slurmEnd, true)

@@ -112,6 +112,13 @@ func (c *cli) sidecar(ctx context.Context, cfg sidecarConfig) error {
 	}
 	defer cl.Close()
 	log := slog.New(slog.NewTextHandler(c.stderr, &slog.HandlerOptions{Level: cfg.logLevel}))
+	// Beside the registrations, which wait for the same connection.
+	warned := make(chan struct{})
+	go func() {
+		defer close(warned)
+		c.warnIfUnanswered(ctx, cl.Conn(), log)
+	}()
+	defer func() { <-warned }()
 	workers := make([]*sidecar, 0, cfg.workers)
 	for i := range cfg.workers {
 		s, err := c.startSidecarWorker(ctx, cl, cfg, i, log)

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/snapcoord/snapcoord/cmd/internal/durations"
 )
 
 // slurmField is one of a Slurm job's times, and where to read it.
@@ -57,9 +59,9 @@ func (c *cli) parseTime(flagName, value string, field slurmField, live bool) (*t
 func (c *cli) slurmTime(flagName, offset string, field slurmField, live bool) (*timestamppb.Timestamp, error) {
 	var before time.Duration
 	if offset != "" {
-		d, err := time.ParseDuration(strings.TrimPrefix(offset, "-"))
-		if !strings.HasPrefix(offset, "-") || err != nil || d < 0 {
-			return nil, inputErr("--%s slurm%s: want \"slurm\" or \"slurm-DURATION\" (slurm-10m)", flagName, offset)
+		d, err := durations.Parse(strings.TrimPrefix(offset, "-"), durations.Options{})
+		if !strings.HasPrefix(offset, "-") || err != nil {
+			return nil, inputErr("--%s slurm%s: want \"slurm\" or \"slurm-DURATION\" (slurm-10m, slurm-00:10:00)", flagName, offset)
 		}
 		before = d
 	}

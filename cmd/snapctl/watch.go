@@ -11,12 +11,13 @@ import (
 	"github.com/snapcoord/snapcoord/enumtext"
 )
 
-func setupRunWatch(_ *flag.FlagSet, c *cli) func(context.Context, []string) error {
+func setupRunWatch(fs *flag.FlagSet, c *cli) func(context.Context, []string) error {
+	fromNow := fs.Bool("from-now", false, "skip the run's history: show its state and last decision, then only new events")
 	return func(ctx context.Context, args []string) error {
 		if err := wantArgs(args, "RUN_ID"); err != nil {
 			return err
 		}
-		run, err := c.watchRun(ctx, args[0])
+		run, err := c.watchRun(ctx, args[0], *fromNow)
 		if err != nil && ctx.Err() != nil {
 			return interrupted(args[0])
 		}
@@ -27,10 +28,11 @@ func setupRunWatch(_ *flag.FlagSet, c *cli) func(context.Context, []string) erro
 	}
 }
 
-// watchRun prints where the run stands (its state and its last decision),
-// then its new events until it ends, and returns its final state.
-// Interrupted, it fails: the last call finds ctx cancelled.
-func (c *cli) watchRun(ctx context.Context, runID string) (*v1.Run, error) {
+// watchRun prints the run's state, then its history, then its new events
+// until it ends (as events --follow does), and returns its final state.
+// fromNow skips the history: the state and the last decision stand for
+// it. Interrupted, it fails: the last call finds ctx cancelled.
+func (c *cli) watchRun(ctx context.Context, runID string, fromNow bool) (*v1.Run, error) {
 	cl, err := c.connect(ctx)
 	if err != nil {
 		return nil, err
@@ -40,27 +42,39 @@ func (c *cli) watchRun(ctx context.Context, runID string) (*v1.Run, error) {
 	if err != nil {
 		return nil, err
 	}
+	after := int64(0)
+	if fromNow {
+		after = run.GetLastEventSeq()
+	}
 	if c.output != "json" {
-		if err := c.printWhereRunStands(ctx, cl, run); err != nil {
+		c.printState(run)
+	}
+	if c.output != "json" && fromNow {
+		if err := c.printLastDecision(ctx, cl, run); err != nil {
 			return nil, err
 		}
 		c.printMissed(run)
 	}
-	if err := c.printEvents(ctx, cl, runID, run.GetLastEventSeq(), true); err != nil {
+	if err := c.printEvents(ctx, cl, runID, after, true); err != nil {
 		return nil, err
 	}
 	return c.getRun(ctx, cl, runID)
 }
 
-// printWhereRunStands: "run r1 is RUNNING at step 12; B = ... (in 9 min)"
-// and the last decision in words, so that a watch started mid-run does not
-// wait for the next event to say anything.
-func (c *cli) printWhereRunStands(ctx context.Context, cl *client.Client, run *v1.Run) error {
+// printState: "run r1 is RUNNING at step 12; B = ... (in 9 min)", so that
+// a watch says where the run stands before any event.
+func (c *cli) printState(run *v1.Run) {
 	state := enumtext.Name(run.GetState())
 	if run.GetLastStep() != 0 {
 		state += fmt.Sprintf(" at step %d", run.GetLastStep())
 	}
 	fmt.Fprintf(c.stdout, "run %s is %s; %s\n", run.GetRunId(), state, describeDeadline(run, time.Now()))
+}
+
+// printLastDecision says the last decision in words, so that a watch
+// --from-now started mid-run does not wait for the next event to say why
+// the run goes on.
+func (c *cli) printLastDecision(ctx context.Context, cl *client.Client, run *v1.Run) error {
 	d, err := lastDecision(ctx, c, cl, run)
 	if err != nil {
 		return err

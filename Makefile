@@ -143,9 +143,12 @@ verify-vet: ## go vet ./...
 verify-tidy: ## go mod tidy would change nothing in the root module.
 	$(GO) mod tidy -diff
 
-lint: ## go vet and staticcheck.
+lint: ## go vet and staticcheck; mypy and pyflakes on the Python client (its generated code is not linted).
 	$(GO) vet ./...
 	$(STATICCHECK) ./...
+	scripts/deps-python.sh
+	cd client/python && $(PYTHON) -m mypy
+	find client/python -name '*.py' ! -name '*_pb2*.py' ! -path '*/__pycache__/*' -print0 | LC_ALL=C sort -z | xargs -0 $(PYTHON) -m pyflakes
 
 # The local database is built once per VULNDB_VERSION under .cache/ (git-ignored),
 # into a temporary directory first so an interrupted build leaves nothing behind.

@@ -414,7 +414,7 @@ def connect(
         channel,
         admin_token=admin,
         run_token=run,
-        run_id=run_id or env.get("SNAPCOORD_RUN_ID", ""),
+        run_id=run_id or env.get("SNAPCOORD_RUN_ID") or "",
         timeout=timeout,
         retry=retry,
         follow_leader=len(addrs) > 1,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Callable, Optional, Union
+from typing import Callable, Optional, Union, cast
 
 from snapcoord import errors
 from snapcoord._retry import FOLLOW_MAX_WAIT
@@ -106,7 +106,7 @@ class EnvWorker(_Handle):
                 run_id=self.run_id,
                 worker_id=self._w.worker_id,
                 snapshot_id=snapshot_id,
-                outcome=outcome,
+                outcome=cast(worker_pb2.SnapshotOutcome, outcome),  # an IntEnum of the same values
                 duration_seconds=duration_seconds,
                 message=message,
                 incarnation=inc,

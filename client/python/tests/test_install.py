@@ -8,6 +8,7 @@ from __future__ import annotations
 import email.parser
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -44,6 +45,31 @@ def test_pip_installs_the_package_without_an_index(tmp_path: pathlib.Path) -> No
     typed = subprocess.run([str(venv / "bin" / "python"), "-c", "import importlib.resources as r; print(r.files('snapcoord').joinpath('py.typed').is_file())"],
                            env=env, capture_output=True, text=True, cwd=tmp_path, check=True)  # fmt: skip
     assert typed.stdout.strip() == "True"
+
+    # mypy (Debian's python3-mypy) passes on a user's loop against the
+    # installed package, the generated messages typed by their stubs: a
+    # field misspelled is caught.
+    for example in ("toy_grpo.py", "env_worker.py"):
+        shutil.copy(PACKAGE / "examples" / example, tmp_path / example)
+    (tmp_path / "loop.py").write_text(USER_LOOP)
+    mypy = [sys.executable, "-m", "mypy", "--python-executable", str(venv / "bin" / "python")]
+    checked = subprocess.run([*mypy, "toy_grpo.py", "env_worker.py", "loop.py"], env=env, capture_output=True, text=True, cwd=tmp_path)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    (tmp_path / "loop.py").write_text(USER_LOOP.replace("trainer_world_size", "trainer_world_sise"))
+    checked = subprocess.run([*mypy, "loop.py"], env=env, capture_output=True, text=True, cwd=tmp_path)
+    assert 'Unexpected keyword argument "trainer_world_sise" for "RunSpec"' in checked.stdout, checked.stdout + checked.stderr
+
+
+USER_LOOP = """
+import snapcoord
+from snapcoord.v1 import run_pb2
+
+
+def start(client: snapcoord.Client) -> str:
+    _, token = client.create_run("run-a", run_pb2.RunSpec(trainer_world_size=2))
+    seconds: float = client.get_run("run-a").deadline.iteration_seconds
+    return f"{token} {seconds} {snapcoord.__version__}"
+"""
 
 
 def test_the_wheel_holds_snapcoord_alone(tmp_path: pathlib.Path) -> None:

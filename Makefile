@@ -32,9 +32,10 @@ STATICCHECK := $(GO) tool -modfile=tools/lint/go.mod staticcheck
 # scripts/deps-python.sh); a pyenv or venv python3 on PATH lacks them.
 PYTHON ?= /usr/bin/python3
 # Generated Python code: everything protoc writes under client/python
-# (snapcoord/v1/*_pb2*.py and buf/validate/*_pb2*.py); the __init__.py files
-# next to it are written by hand.
-PY_GEN_DIRS := snapcoord/v1 buf/validate
+# (*_pb2*.py and their *_pb2.pyi stubs in snapcoord/v1 and, vendored inside
+# the package, snapcoord/_vendor/buf/validate); the __init__.py files next to
+# it are written by hand.
+PY_GEN_DIRS := snapcoord/v1 snapcoord/_vendor/buf/validate
 
 # The vulnerability database is the Go module golang.org/x/vulndb at a pinned
 # version (its data/osv/ holds the OSV entries); govulncheck's online database
@@ -93,7 +94,7 @@ generate: ## Regenerate api/ and the Python client's code from proto/ (removes t
 	if [ -d api ]; then find api -name '*.pb.go' -delete; find api -mindepth 1 -type d -empty -delete; fi
 	$(BUF) generate
 	scripts/deps-python.sh
-	for d in $(PY_GEN_DIRS); do if [ -d "client/python/$$d" ]; then find "client/python/$$d" -name '*_pb2*.py' -delete; fi; done
+	for d in $(PY_GEN_DIRS); do if [ -d "client/python/$$d" ]; then find "client/python/$$d" \( -name '*_pb2*.py' -o -name '*_pb2*.pyi' \) -delete; fi; done
 	scripts/gen-python.sh client/python
 
 # verify runs every check (-k) and fails if any of them failed.
@@ -151,9 +152,12 @@ verify-vet: ## go vet ./...
 verify-tidy: ## go mod tidy would change nothing in the root module.
 	$(GO) mod tidy -diff
 
-lint: ## go vet and staticcheck.
+lint: ## go vet and staticcheck; mypy and pyflakes on the Python client (its generated code is not linted).
 	$(GO) vet ./...
 	$(STATICCHECK) ./...
+	scripts/deps-python.sh
+	cd client/python && $(PYTHON) -m mypy
+	find client/python -name '*.py' ! -name '*_pb2*.py' ! -path '*/__pycache__/*' -print0 | LC_ALL=C sort -z | xargs -0 $(PYTHON) -m pyflakes
 
 # The local database is built once per VULNDB_VERSION under .cache/ (git-ignored),
 # into a temporary directory first so an interrupted build leaves nothing behind.

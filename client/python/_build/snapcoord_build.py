@@ -9,6 +9,7 @@ declares no build requirements.
 
 from __future__ import annotations
 
+import ast
 import base64
 import hashlib
 import io
@@ -24,7 +25,19 @@ _TAG = "py3-none-any"
 
 def _project() -> dict:
     with open(ROOT / "pyproject.toml", "rb") as f:
-        return tomllib.load(f)["project"]
+        project = tomllib.load(f)["project"]
+    project["version"] = _version()
+    return project
+
+
+def _version() -> str:
+    """snapcoord.__version__, read without importing the package (which
+    needs grpc): the one assignment in snapcoord/_version.py."""
+    tree = ast.parse((ROOT / "snapcoord" / "_version.py").read_text(encoding="utf-8"))
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["__version__"]:
+            return ast.literal_eval(node.value)
+    raise ValueError("snapcoord/_version.py assigns no __version__")
 
 
 def _metadata() -> str:
@@ -44,13 +57,14 @@ def _metadata() -> str:
 
 
 def _package_files() -> list[Path]:
-    """Every .py file and py.typed marker of the packages, in a stable order."""
-    files = []
-    for top in ("snapcoord", "buf"):
-        for path in sorted((ROOT / top).rglob("*")):
-            if path.is_file() and (path.suffix == ".py" or path.name == "py.typed") and "__pycache__" not in path.parts:
-                files.append(path)
-    return files
+    """Every .py file, type stub (.pyi) and py.typed marker of the package, in
+    a stable order. Only snapcoord: the wheel installs no other top-level
+    name (the generated buf.validate code is vendored inside it)."""
+    return [
+        path
+        for path in sorted((ROOT / "snapcoord").rglob("*"))
+        if path.is_file() and (path.suffix in (".py", ".pyi") or path.name == "py.typed") and "__pycache__" not in path.parts
+    ]
 
 
 def _dist_info() -> str:

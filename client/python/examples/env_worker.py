@@ -70,7 +70,8 @@ def main() -> int:
     # Slurm's end of job (SIGTERM): leave cleanly. close() ends run(). The
     # handler is in place before registering, so no signal is missed; it
     # runs on the main thread, as the lines after registering do.
-    signalled, workers = threading.Event(), []
+    signalled = threading.Event()
+    workers: list[snapcoord.EnvWorker] = []
 
     def leave(*_: object) -> None:
         signalled.set()

@@ -19,6 +19,7 @@ Failures raise ``SnapcoordError`` subclasses (``snapcoord.errors``).
 import logging
 
 from snapcoord._retry import DEFAULT_RETRY, RETRIED_METHODS, RetryPolicy
+from snapcoord._version import __version__
 from snapcoord.client import TLS, Client, connect, read_token_file
 from snapcoord.env_worker import EnvWorker, SnapshotResult
 from snapcoord.errors import (
@@ -63,6 +64,7 @@ __all__ = [
     "Trainer",
     "UnavailableError",
     "UnknownActionError",
+    "__version__",
     "connect",
     "read_token_file",
 ]

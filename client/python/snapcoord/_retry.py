@@ -39,7 +39,7 @@ RETRIED_METHODS: frozenset[str] = _retry_safe_methods()
 # A worker re-opens its command stream (or polls again) at most this far
 # apart, whatever RetryPolicy.max_delay says: a command issued as a restarted
 # coordinator comes back (a deadline firing then) must reach it within about
-# a second. The channel reconnects as often (client.py).
+# a second. The channel reconnects more often still (client.py).
 FOLLOW_MAX_WAIT = 1.0
 
 

@@ -72,7 +72,7 @@ class _Worker:
         client: Client,
         *,
         run_id: str,
-        role: int,
+        role: worker_pb2.WorkerRole,
         name: str,
         rank: int,
         poll: bool,
@@ -431,8 +431,8 @@ class _Worker:
                 progressed = True
                 if self._deliver(resp.command):
                     return True, True, None
-        except grpc.RpcError as err:
-            return False, progressed, err
+        except grpc.RpcError as failed:
+            return False, progressed, failed
         finally:
             self._track(None)
         # The coordinator ends a stream without a Stop only when the run is

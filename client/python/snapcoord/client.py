@@ -5,7 +5,9 @@ from __future__ import annotations
 import collections
 import ipaddress
 import json
+import logging
 import os
+import queue
 import re
 import socket
 import time
@@ -15,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence, Un
 import grpc
 
 from snapcoord import errors
-from snapcoord._retry import DEFAULT_RETRY, FOLLOW_MAX_WAIT, RETRIED_METHODS, RetryPolicy
+from snapcoord._retry import DEFAULT_RETRY, RETRIED_METHODS, RetryPolicy
 from snapcoord.v1 import run_pb2, run_service_pb2, run_service_pb2_grpc, worker_pb2, worker_service_pb2_grpc
 
 if TYPE_CHECKING:  # imported where used: they import this module
@@ -23,7 +25,11 @@ if TYPE_CHECKING:  # imported where used: they import this module
     from snapcoord.trainer import Trainer
 
 DEFAULT_ADDR = "127.0.0.1:7070"
+# A retried call that took longer than this is logged at WARNING: a training
+# loop blocked that long on its coordinator deserves a line saying why.
+SLOW_CALL_SECONDS = 5.0
 _WORKER_PREFIX = "/snapcoord.v1.WorkerService/"
+_log = logging.getLogger(__name__)
 
 # With several addresses, gRPC sends every call to a coordinator whose health
 # reports this service SERVING: the leader (the followers of an etcd-backed
@@ -37,16 +43,18 @@ _FOLLOW_LEADER_CONFIG = json.dumps(
     }
 )
 
-# Reconnect within about a second of a coordinator restart (gRPC's default
-# waits up to two minutes), so that a worker hears a command issued then in
-# time; notice a dead coordinator under an idle command stream. As the Go
-# client's dial.go; 30 s pings are above the server's minimum interval (10 s).
+# Reconnect within a second of a coordinator restart (gRPC's default waits
+# up to two minutes), so that a call waiting on the channel is answered and
+# a worker hears a command issued then in time: connection attempts at most
+# 0.5 s (+-20%) apart, which against a dead coordinator costs each process
+# two refused connects a second. Notice a dead coordinator under an idle
+# command stream: 30 s pings are above the server's minimum interval (10 s).
 # Not grpc.min_reconnect_backoff_ms: gRPC's C core takes it as the time a
 # connection attempt may last, so a coordinator slow to answer a new
 # connection (a loaded machine) would be abandoned at every attempt.
 _CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (
     ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", int(FOLLOW_MAX_WAIT * 1000)),
+    ("grpc.max_reconnect_backoff_ms", 500),
     ("grpc.keepalive_time_ms", 30_000),
     ("grpc.keepalive_timeout_ms", 10_000),
     ("grpc.keepalive_permit_without_calls", 1),
@@ -109,54 +117,88 @@ class _Retry(grpc.UnaryUnaryClientInterceptor):
     call, so repeating it (to the leader, once health says which) is safe.
 
     A call's timeout bounds all its attempts together, as a Go context does.
+    Each retry is logged at DEBUG; a call that waited longer than
+    SLOW_CALL_SECONDS for its answer (or for its last failure) at WARNING,
+    once, with the failure it waited on.
     """
 
-    def __init__(self, policy: RetryPolicy, follow: Optional[grpc.Channel] = None) -> None:
+    def __init__(self, policy: RetryPolicy, channel: Optional[grpc.Channel] = None) -> None:
         self._policy = policy
-        self._follow = follow  # the channel over several addresses, if it is one
+        self._channel = channel  # watched between attempts (_pause); None: a plain sleep
 
     def intercept_unary_unary(self, continuation, details, request):  # type: ignore[override]
         if self._policy.max_attempts <= 1:
             return continuation(details, request)
         safe = details.method in RETRIED_METHODS
-        deadline = None if details.timeout is None else time.monotonic() + details.timeout
-        attempt = 0
+        start = time.monotonic()
+        deadline = None if details.timeout is None else start + details.timeout
+        attempt, why = 0, ""
         while True:
             attempt += 1
             call = continuation(details, request)
             if not _retryable(call, safe) or attempt >= self._policy.max_attempts:
+                _warn_if_slow(details.method, start, attempt, why, call)
                 return call
+            why = f"{call.code().name}: {call.details()}"
             wait = self._policy.backoff(attempt)
             if deadline is not None:
                 left = deadline - time.monotonic()
                 if left <= wait:
+                    _warn_if_slow(details.method, start, attempt, why, call)
                     return call
                 details = _with(details, timeout=left - wait)
+            _log.debug("%s: attempt %d failed (%s); retrying within %.2fs", details.method, attempt, why, wait)
             self._pause(wait)
 
     def _pause(self, wait: float) -> None:
-        if self._follow is None:
+        """Waits ``wait`` seconds, or less if the channel, disconnected when
+        the pause began, connects again meanwhile: a coordinator back after a
+        restart is called within a moment, not after the rest of a backoff of
+        up to max_delay. Watching the channel is also what makes it reconnect
+        promptly (see _WaitForReady). A channel that stays connected (a
+        follower's NOT_LEADER, a coordinator shutting down) gets the whole
+        wait. Every rank of a job that lost the coordinator then calls again
+        at once, which the coordinator handles as a step's usual burst.
+
+        The watch does not ask the channel to connect (try_to_connect): the
+        failed attempt did, and in grpcio 1.51 a pending request races
+        close() into a traceback from the watching thread."""
+        if self._channel is None:
             time.sleep(wait)
             return
-        # Wait while the channel tries to connect (see _WaitForReady).
-        ready = grpc.channel_ready_future(self._follow)
+        states: "queue.Queue[grpc.ChannelConnectivity]" = queue.Queue()
+        self._channel.subscribe(states.put, try_to_connect=False)
         end = time.monotonic() + wait
         try:
-            ready.result(timeout=wait)
-        except grpc.FutureTimeoutError:
-            pass
+            disconnected = False
+            while True:
+                state = states.get(timeout=max(0.0, end - time.monotonic()))
+                if state != grpc.ChannelConnectivity.READY:
+                    disconnected = True
+                elif disconnected:
+                    return
+        except queue.Empty:
+            return
         finally:
-            ready.cancel()
-        time.sleep(max(0.0, end - time.monotonic()))
+            self._channel.unsubscribe(states.put)
+
+
+def _warn_if_slow(method: str, start: float, attempts: int, why: str, call: Any) -> None:
+    waited = time.monotonic() - start
+    if waited <= SLOW_CALL_SECONDS or not why:
+        return
+    outcome = "answered" if call.code() == grpc.StatusCode.OK else f"gave up ({call.code().name})"
+    _log.warning("%s %s after %.1fs and %d attempts; it waited on: %s", method, outcome, waited, attempts, why)
 
 
 class _WaitForReady(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
-    """With several addresses, a worker's own calls (heartbeats, polls, the
-    command stream, re-registration) wait within their timeouts for a
-    coordinator to serve, rather than fail at once during an election.
+    """A worker's own calls (heartbeats, polls, the command stream,
+    re-registration) wait within their timeouts for a coordinator to serve,
+    rather than fail at once while it restarts (or, with several addresses,
+    during an election).
 
     The wait is also what makes the channel reconnect promptly: in grpcio's C
-    core (1.51), a balancer's reconnection timers fire only while something
+    core (1.51), a channel's reconnection timers fire only while something
     polls the channel, or else every 5 s (the backup poller); a call that
     fails at once polls nothing, and a worker would take up to 10 s to see
     a restarted coordinator again."""
@@ -185,7 +227,7 @@ class Client:
     as a context manager). Workers started from one Client share its
     connection, which is what a process hosting many should do.
     ``follow_leader``: the channel balances over several coordinators
-    (connect() sets it).
+    (connect() sets it); single or several, calls wait on the channel alike.
     """
 
     def __init__(
@@ -201,8 +243,8 @@ class Client:
     ) -> None:
         self._channel = channel
         bearer = _Bearer(admin_token, run_token)
-        retried = grpc.intercept_channel(channel, bearer, _Retry(retry, channel if follow_leader else None))
-        once = grpc.intercept_channel(channel, bearer, *([_WaitForReady()] if follow_leader else []))
+        retried = grpc.intercept_channel(channel, bearer, _Retry(retry, channel))
+        once = grpc.intercept_channel(channel, bearer, _WaitForReady())
         self.runs = run_service_pb2_grpc.RunServiceStub(retried)
         self.workers = worker_service_pb2_grpc.WorkerServiceStub(retried)
         # For a worker's periodic calls (heartbeats, polls, re-registration):
@@ -372,7 +414,7 @@ def connect(
         channel,
         admin_token=admin,
         run_token=run,
-        run_id=run_id or env.get("SNAPCOORD_RUN_ID", ""),
+        run_id=run_id or env.get("SNAPCOORD_RUN_ID") or "",
         timeout=timeout,
         retry=retry,
         follow_leader=len(addrs) > 1,

@@ -8,7 +8,7 @@ import logging
 import signal
 import time
 from dataclasses import dataclass
-from typing import Callable, Optional, Union
+from typing import Callable, Optional, Union, cast
 
 from snapcoord import _backstop, errors
 from snapcoord._retry import FOLLOW_MAX_WAIT
@@ -191,7 +191,7 @@ class EnvWorker(_Handle):
                 run_id=self.run_id,
                 worker_id=self._w.worker_id,
                 snapshot_id=snapshot_id,
-                outcome=outcome,
+                outcome=cast(worker_pb2.SnapshotOutcome, outcome),  # an IntEnum of the same values
                 duration_seconds=duration_seconds,
                 message=message,
                 incarnation=inc,

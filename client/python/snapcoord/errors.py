@@ -17,7 +17,7 @@ the field of bad input), and ``reason`` from the status' ErrorInfo if any.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import grpc
 from google.protobuf import any_pb2, descriptor_pb2, descriptor_pool
@@ -154,7 +154,7 @@ def is_superseded(err: BaseException) -> bool:
     return isinstance(err, grpc.RpcError) and error_reason(err) == REASON_SUPERSEDED
 
 
-def _rpc_status_types() -> tuple[type, type]:
+def _rpc_status_types() -> tuple[Any, Any]:
     """google.rpc.Status and google.rpc.ErrorInfo, built in a private pool.
 
     The coordinator puts ErrorInfo in the status details. Their generated code

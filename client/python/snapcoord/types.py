@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime
 import enum
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from google.protobuf import timestamp_pb2
 
@@ -206,7 +206,7 @@ class Command:
 
     @classmethod
     def from_proto(cls, c: worker_pb2.Command) -> "Command":
-        common = dict(seq=c.seq, issued_at=_time(c.issued_at, c.HasField("issued_at")), proto=c)
+        common: dict[str, Any] = dict(seq=c.seq, issued_at=_time(c.issued_at, c.HasField("issued_at")), proto=c)
         which = c.WhichOneof("kind")
         if which == "save_at_deadline":
             s = c.save_at_deadline

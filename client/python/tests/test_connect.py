@@ -3,7 +3,9 @@ coordinator; the retry interceptor against a fake call."""
 
 from __future__ import annotations
 
+import logging
 import pathlib
+import re
 import socket
 import subprocess
 import threading
@@ -12,7 +14,7 @@ from typing import Any
 
 import grpc
 import pytest
-from conftest import Coordinator, run_spec
+from conftest import Coordinator, free_port, run_spec
 
 import snapcoord
 from snapcoord._retry import RETRIED_METHODS, RetryPolicy
@@ -183,6 +185,9 @@ class FakeCall:
     def code(self) -> grpc.StatusCode:
         return self._code
 
+    def details(self) -> str:
+        return "connection refused" if self._code == grpc.StatusCode.UNAVAILABLE else ""
+
 
 def attempts(method: str, codes: list[grpc.StatusCode], policy: RetryPolicy, timeout: Any = None) -> int:
     """How many attempts the retry interceptor makes when the calls end with codes, in turn."""
@@ -212,6 +217,36 @@ def test_retries_exactly_the_listed_methods_on_unavailable() -> None:
     t0 = time.monotonic()
     n = attempts(get_run, down, RetryPolicy(max_attempts=100, base_delay=0.05, max_delay=0.05, jitter=0), timeout=0.3)
     assert 2 <= n <= 7 and time.monotonic() - t0 < 0.4
+
+
+def test_retries_are_logged_and_a_slow_call_warns_once(caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each retry at DEBUG (method, attempt, code, wait); a call that waited
+    longer than SLOW_CALL_SECONDS (5 s; 0.25 s here) once at WARNING, with
+    how long and what it waited on, whether it was answered or gave up."""
+    monkeypatch.setattr(snapcoord.client, "SLOW_CALL_SECONDS", 0.25)
+    caplog.set_level(logging.DEBUG, logger="snapcoord")
+    policy = RetryPolicy(max_attempts=4, base_delay=0.1, max_delay=0.1, jitter=0)
+    get_run = "/snapcoord.v1.RunService/GetRun"
+    assert attempts(get_run, [grpc.StatusCode.UNAVAILABLE] * 3 + [grpc.StatusCode.OK], policy) == 4
+    debug = [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG]
+    assert debug == [f"{get_run}: attempt {n} failed (UNAVAILABLE: connection refused); retrying within 0.10s" for n in (1, 2, 3)]
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1 and re.fullmatch(
+        rf"{get_run} answered after 0\.3s and 4 attempts; it waited on: UNAVAILABLE: connection refused", warned[0]
+    ), warned
+
+    # A real channel to a closed port: given up, and the connection's error named.
+    caplog.clear()
+    with snapcoord.connect(f"127.0.0.1:{free_port()}", retry=policy, env={}) as client:
+        with pytest.raises(snapcoord.UnavailableError):
+            client.get_run("run-a")
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1 and re.match(rf"{get_run} gave up \(UNAVAILABLE\) after 0\.\ds and 4 attempts; it waited on: UNAVAILABLE: .*127\.0\.0\.1", warned[0]), warned
+
+    # Answered at once: nothing above DEBUG.
+    caplog.clear()
+    assert attempts(get_run, [grpc.StatusCode.OK], policy) == 1
+    assert caplog.records == []
 
 
 def test_backoff_is_jittered_exponential_and_bounded() -> None:

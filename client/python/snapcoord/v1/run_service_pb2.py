@@ -11,7 +11,7 @@ from google.protobuf import symbol_database as _symbol_database
 _sym_db = _symbol_database.Default()
 
 
-from buf.validate import validate_pb2 as buf_dot_validate_dot_validate__pb2
+from snapcoord._vendor.buf.validate import validate_pb2 as buf_dot_validate_dot_validate__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 from snapcoord.v1 import event_pb2 as snapcoord_dot_v1_dot_event__pb2
 from snapcoord.v1 import options_pb2 as snapcoord_dot_v1_dot_options__pb2

@@ -548,12 +548,6 @@ class _Handle:
         return self._w.incarnation
 
     @property
-    def registration(self) -> ws.RegisterWorkerResponse:
-        """The coordinator's answer to this process's latest registration."""
-        with self._lock:
-            return self._reg
-
-    @property
     def run_state(self) -> RunState:
         """The run's state as last heard (registration, heartbeat, poll)."""
         return self._w.run_state

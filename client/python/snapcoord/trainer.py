@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import logging
-from typing import Callable, Optional
+from typing import Callable, Optional, cast
 
 from snapcoord._worker import _Handle, _Worker
 from snapcoord.client import Client
 from snapcoord.types import Action, Command, CommandKind, Decision, Phase, RunState
-from snapcoord.v1 import worker_pb2, worker_service_pb2 as ws
+from snapcoord.v1 import event_pb2, worker_pb2, worker_service_pb2 as ws
 
 
 class Trainer(_Handle):
@@ -105,7 +105,7 @@ class Trainer(_Handle):
                 step=step,
                 iteration_seconds=iteration_seconds,
                 incarnation=inc,
-                local_action=local_action or 0,
+                local_action=cast(event_pb2.StepAction, local_action or 0),  # an IntEnum of the same values
             )
             return self._c.workers.CompleteStep(req, timeout=self._timeout(timeout), wait_for_ready=wait_for_ready)
 
@@ -126,7 +126,12 @@ class Trainer(_Handle):
 
         def call(inc: int) -> ws.ReportCheckpointResponse:
             req = ws.ReportCheckpointRequest(
-                run_id=self.run_id, worker_id=self._w.worker_id, step=step, phase=phase, save_seconds=save_seconds, incarnation=inc
+                run_id=self.run_id,
+                worker_id=self._w.worker_id,
+                step=step,
+                phase=cast(ws.CheckpointPhase, phase),  # an IntEnum of the same values
+                save_seconds=save_seconds,
+                incarnation=inc,
             )
             return self._c.workers.ReportCheckpoint(req, timeout=self._timeout(timeout), wait_for_ready=wait_for_ready)
 

@@ -6,6 +6,7 @@ from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from typing import ClassVar as _ClassVar, Mapping as _Mapping, Optional as _Optional, Union as _Union
 
+DEADLINE_FIRE_KIND_LOCAL: DeadlineFireKind
 DEADLINE_FIRE_KIND_MANUAL: DeadlineFireKind
 DEADLINE_FIRE_KIND_PRE_STEP: DeadlineFireKind
 DEADLINE_FIRE_KIND_STEP: DeadlineFireKind

@@ -120,8 +120,10 @@ class StopCommand(_message.Message):
     def __init__(self, reason: _Optional[str] = ...) -> None: ...
 
 class Worker(_message.Message):
-    __slots__ = ["incarnation", "lease_expires_at", "name", "rank", "registered_at", "replaced_incarnation", "role", "state", "worker_id"]
+    __slots__ = ["incarnation", "last_step", "last_step_at", "lease_expires_at", "name", "rank", "registered_at", "replaced_incarnation", "role", "state", "worker_id"]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    LAST_STEP_AT_FIELD_NUMBER: _ClassVar[int]
+    LAST_STEP_FIELD_NUMBER: _ClassVar[int]
     LEASE_EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
@@ -131,6 +133,8 @@ class Worker(_message.Message):
     STATE_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     incarnation: int
+    last_step: int
+    last_step_at: _timestamp_pb2.Timestamp
     lease_expires_at: _timestamp_pb2.Timestamp
     name: str
     rank: int
@@ -139,7 +143,7 @@ class Worker(_message.Message):
     role: WorkerRole
     state: WorkerState
     worker_id: str
-    def __init__(self, worker_id: _Optional[str] = ..., name: _Optional[str] = ..., role: _Optional[_Union[WorkerRole, str]] = ..., rank: _Optional[int] = ..., state: _Optional[_Union[WorkerState, str]] = ..., incarnation: _Optional[int] = ..., registered_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., lease_expires_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., replaced_incarnation: _Optional[int] = ...) -> None: ...
+    def __init__(self, worker_id: _Optional[str] = ..., name: _Optional[str] = ..., role: _Optional[_Union[WorkerRole, str]] = ..., rank: _Optional[int] = ..., state: _Optional[_Union[WorkerState, str]] = ..., incarnation: _Optional[int] = ..., registered_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., lease_expires_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., replaced_incarnation: _Optional[int] = ..., last_step: _Optional[int] = ..., last_step_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class WorkerRole(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = []

@@ -17,18 +17,20 @@ CHECKPOINT_PHASE_UNSPECIFIED: CheckpointPhase
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class CompleteStepRequest(_message.Message):
-    __slots__ = ["incarnation", "iteration_seconds", "run_id", "step", "worker_id"]
+    __slots__ = ["incarnation", "iteration_seconds", "local_action", "run_id", "step", "worker_id"]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     ITERATION_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_ACTION_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     incarnation: int
     iteration_seconds: float
+    local_action: _event_pb2.StepAction
     run_id: str
     step: int
     worker_id: str
-    def __init__(self, run_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., step: _Optional[int] = ..., iteration_seconds: _Optional[float] = ..., incarnation: _Optional[int] = ...) -> None: ...
+    def __init__(self, run_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., step: _Optional[int] = ..., iteration_seconds: _Optional[float] = ..., incarnation: _Optional[int] = ..., local_action: _Optional[_Union[_event_pb2.StepAction, str]] = ...) -> None: ...
 
 class CompleteStepResponse(_message.Message):
     __slots__ = ["action", "decision", "explanation", "step"]
@@ -127,9 +129,10 @@ class RegisterWorkerRequest(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., role: _Optional[_Union[_worker_pb2.WorkerRole, str]] = ..., name: _Optional[str] = ..., rank: _Optional[int] = ..., incarnation: _Optional[int] = ...) -> None: ...
 
 class RegisterWorkerResponse(_message.Message):
-    __slots__ = ["heartbeat_interval", "incarnation", "last_command_seq", "lease_ttl", "resume_after_seq", "run_state", "worker_id"]
+    __slots__ = ["heartbeat_interval", "incarnation", "last_checkpoint_step", "last_command_seq", "lease_ttl", "resume_after_seq", "run_state", "worker_id"]
     HEARTBEAT_INTERVAL_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    LAST_CHECKPOINT_STEP_FIELD_NUMBER: _ClassVar[int]
     LAST_COMMAND_SEQ_FIELD_NUMBER: _ClassVar[int]
     LEASE_TTL_FIELD_NUMBER: _ClassVar[int]
     RESUME_AFTER_SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -137,12 +140,13 @@ class RegisterWorkerResponse(_message.Message):
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     heartbeat_interval: _duration_pb2.Duration
     incarnation: int
+    last_checkpoint_step: int
     last_command_seq: int
     lease_ttl: _duration_pb2.Duration
     resume_after_seq: int
     run_state: _run_pb2.RunState
     worker_id: str
-    def __init__(self, worker_id: _Optional[str] = ..., incarnation: _Optional[int] = ..., heartbeat_interval: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., lease_ttl: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., run_state: _Optional[_Union[_run_pb2.RunState, str]] = ..., last_command_seq: _Optional[int] = ..., resume_after_seq: _Optional[int] = ...) -> None: ...
+    def __init__(self, worker_id: _Optional[str] = ..., incarnation: _Optional[int] = ..., heartbeat_interval: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., lease_ttl: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., run_state: _Optional[_Union[_run_pb2.RunState, str]] = ..., last_command_seq: _Optional[int] = ..., resume_after_seq: _Optional[int] = ..., last_checkpoint_step: _Optional[int] = ...) -> None: ...
 
 class ReportCheckpointRequest(_message.Message):
     __slots__ = ["incarnation", "phase", "run_id", "save_seconds", "step", "worker_id"]

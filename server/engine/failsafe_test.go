@@ -156,3 +156,31 @@ func (h *harness) unreportedWarnings(run string) []*v1.RunEvent {
 	}
 	return out
 }
+
+// A rank that heard a step's decision before the coordinator went away waits
+// at the next collective for the ranks that heard it only after the
+// coordinator was back: its next iteration carries the outage, which must
+// not become I for the rest of the run.
+func TestAnOutageAtTheCollectivesIsNotAnIteration(t *testing.T) {
+	h := newHarness(t)
+	h.create("r", turnSpec(2, "00:10:00:00"))
+	ranks := h.trainers("r", 2)
+	h.stepAll("r", ranks, 1, 10)
+	h.advance(10*time.Second, "r", ranks...)
+	h.step("r", ranks[0], 2, 10) // rank 0 hears step 2's decision
+	h.advance(30*time.Second, "r", ranks...)
+	h.step("r", ranks[1], 2, 10) // rank 1 only 30 s later (the coordinator was away)
+	h.advance(10*time.Second, "r", ranks...)
+	h.step("r", ranks[1], 3, 10)
+	h.step("r", ranks[0], 3, 40) // 10 s of its own, 30 s waiting for rank 1
+	if got := h.get("r").Deadline.IterationSeconds; got != 10 {
+		t.Fatalf("I = %v s after the outage, want the 10 s the ranks computed", got)
+	}
+	// A rank that is merely slower still counts in full.
+	h.advance(25*time.Second, "r", ranks...)
+	h.step("r", ranks[0], 4, 25)
+	h.step("r", ranks[1], 4, 25)
+	if got := h.get("r").Deadline.IterationSeconds; got != 25 {
+		t.Fatalf("I = %v s after a 25 s step, want 25", got)
+	}
+}

@@ -39,6 +39,9 @@ type runState struct {
 
 	// Written by mut.steps().
 	steps map[int64]*storagev1.StepRecord // the latest; see stepMut.step
+	// lastAnswer is when the latest rank heard each recent step's decision,
+	// in memory; see stepMut.iterationOnly.
+	lastAnswer map[int64]time.Time
 	// Steps numbered up to stepsOnDiskThrough may be in the store only.
 	stepsOnDiskThrough int64
 
@@ -106,7 +109,7 @@ func (w *workerState) view() *v1.Worker {
 func newRunState(rec *storagev1.RunRecord) *runState {
 	return &runState{
 		id: rec.Run.RunId, rec: rec,
-		steps: map[int64]*storagev1.StepRecord{}, workers: map[string]*workerState{},
+		steps: map[int64]*storagev1.StepRecord{}, lastAnswer: map[int64]time.Time{}, workers: map[string]*workerState{},
 		byName: map[string]*workerState{}, snapshots: map[string]*v1.Snapshot{},
 		notify: make(chan struct{}), cmdNotify: make(chan struct{}),
 	}

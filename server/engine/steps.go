@@ -21,6 +21,7 @@ func (e *Engine) completeStep(ctx context.Context, req *v1.CompleteStepRequest) 
 		d, err = m.steps().completeStep(ctx, req.Step, req.IterationSeconds, local)
 		if err == nil {
 			w.lastStep, w.lastStepAt = req.Step, m.now
+			m.steps().answered(req.Step)
 		}
 		return err
 	})
@@ -47,6 +48,7 @@ func (m stepMut) completeStep(ctx context.Context, step int64, iterSeconds float
 	if err != nil {
 		return nil, err
 	}
+	iterSeconds = m.iterationOnly(step, iterSeconds)
 	if st != nil && st.Decision != nil {
 		if !r.terminal() {
 			m.observeIteration(st, iterSeconds)
@@ -97,6 +99,38 @@ func (r *runState) reachable(step int64) error {
 		return nil
 	}
 	return errorf(ErrFailedPrecondition, "step: %d is more than one past the run's last step %d: ranks ask about every step, in order", step, last)
+}
+
+// iterationOnly takes out of a rank's iteration the time it may have spent
+// waiting at the step's collectives for the last rank to hear the previous
+// step's decision: the spread between the first and the last answer of that
+// step. When the coordinator was away (a restart, a slow commit), the ranks
+// that heard before it went waited for those that heard after, and an
+// outage is not an iteration. The last rank's own report, measured from its
+// answer, is whole; a rank that was merely slower carries its full time in
+// its own report, which the estimate's maximum keeps.
+func (m stepMut) iterationOnly(step int64, sec float64) float64 {
+	prev := m.r.steps[step-1]
+	last, ok := m.r.lastAnswer[step-1]
+	if !ok || prev == nil || prev.Decision.GetDecidedAt() == nil {
+		return sec
+	}
+	spread := last.Sub(prev.Decision.DecidedAt.AsTime()).Seconds()
+	return max(0, sec-max(0, spread))
+}
+
+// answered notes when a rank heard step's decision, keeping the latest two
+// steps.
+func (m stepMut) answered(step int64) {
+	r := m.r
+	if at, ok := r.lastAnswer[step]; !ok || m.now.After(at) {
+		r.lastAnswer[step] = m.now
+	}
+	for s := range r.lastAnswer {
+		if s < step-1 {
+			delete(r.lastAnswer, s)
+		}
+	}
 }
 
 func (m stepMut) observeIteration(st *storagev1.StepRecord, sec float64) {

@@ -23,6 +23,7 @@ import (
 // Dial; they are safe for concurrent use.
 type Client struct {
 	conn *grpc.ClientConn
+	addr string // as given to Dial, for logs
 	// Runs is RunService (operators and launchers): it sends the token of
 	// WithToken.
 	Runs v1.RunServiceClient
@@ -147,7 +148,7 @@ func Dial(addr string, opts ...Option) (*Client, error) {
 		return nil, fmt.Errorf("client: dial %s: %w", addr, err)
 	}
 	return &Client{
-		conn: conn, retry: cfg.retry,
+		conn: conn, addr: addr, retry: cfg.retry,
 		Runs:    v1.NewRunServiceClient(conn),
 		Workers: v1.NewWorkerServiceClient(conn),
 	}, nil

@@ -331,3 +331,78 @@ func closeAll(ctx context.Context, t *testing.T, ranks [2]failSafeRank) {
 		}
 	}
 }
+
+// After a kill -9 and a restart on the same port and data 3 s later, a
+// single-address client is answered within a second of the coordinator
+// serving again: a rank stepping by its plan (its next CompleteStep goes
+// to the coordinator), and a call blocked in the client's retries through
+// the outage (GetRun). Three outages; the figures are logged.
+func TestFailSafeAnsweredWithinASecondOfServing(t *testing.T) {
+	ctx := testContext(t)
+	p := startProc(t)
+	ranks := failSafeRun(ctx, t, p, "reconnect", time.Now().Add(time.Hour))
+	admin := dialClient(t, p.addr, "")
+	answered := make(chan time.Time, 1000)
+	stop := make(chan struct{})
+	stepped := make(chan error, 1)
+	go func() { stepped <- stepUntil(ctx, ranks[0].tr, stop, answered) }()
+	var stepping, blocked []time.Duration
+	for range 3 {
+		<-answered // the rank is stepping with the coordinator
+		p.kill()
+		got := make(chan time.Time, 1)
+		go func() {
+			_, err := admin.Runs.GetRun(ctx, &v1.GetRunRequest{RunId: "reconnect"})
+			if err != nil {
+				t.Errorf("GetRun through the outage: %v", err)
+			}
+			got <- time.Now()
+		}()
+		time.Sleep(3 * time.Second) // the outage itself, not a wait for anything
+		drain(answered)
+		p.restart()
+		serving := time.Now()
+		stepping = append(stepping, (<-answered).Sub(serving))
+		blocked = append(blocked, (<-got).Sub(serving))
+	}
+	close(stop)
+	if err := <-stepped; err != nil {
+		t.Fatal(err)
+	}
+	closeAll(ctx, t, ranks)
+	t.Logf("from SERVING to the next answer: a stepping rank's CompleteStep %v; a GetRun blocked through the outage %v", stepping, blocked)
+	for _, d := range slices.Concat(stepping, blocked) {
+		if d >= time.Second {
+			t.Errorf("a call was answered %v after the coordinator served again, want under a second", d)
+		}
+	}
+}
+
+// stepUntil completes steps until stop, sending the time of each step the
+// coordinator answered (not one the rank decided by itself) on answered.
+func stepUntil(ctx context.Context, tr *client.Trainer, stop <-chan struct{}, answered chan<- time.Time) error {
+	for step := int64(1); ; step++ {
+		select {
+		case <-stop:
+			return nil
+		default:
+		}
+		d, err := tr.CompleteStep(ctx, step, failSafeIteration)
+		if err != nil {
+			return fmt.Errorf("step %d: %w", step, err)
+		}
+		if !strings.HasPrefix(d.GetExplanation(), "decided by this rank") {
+			answered <- time.Now()
+		}
+	}
+}
+
+func drain(c <-chan time.Time) {
+	for {
+		select {
+		case <-c:
+		default:
+			return
+		}
+	}
+}

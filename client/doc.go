@@ -14,6 +14,14 @@
 //     safety saves, "save now and continue") and ReportCheckpoint reports
 //     the saved checkpoint. An action the client does not know comes with
 //     ErrUnknownAction, never as a silent CONTINUE.
+//     CompleteStep takes the step's iteration from the caller: time it
+//     from after the previous CompleteStep (or the save it asked for)
+//     returned to the end of the step, so that neither the saves (C is
+//     measured apart), nor the setup before the first step, nor the time
+//     spent waiting for the coordinator enters I, which would stop the run
+//     early for the rest of its life. LastCheckpointStep is where a loop
+//     resumed from its newest checkpoint without knowing its step (a Slurm
+//     requeue) continues.
 //   - StartWorker registers any worker (an environment worker, usually) and
 //     delivers its commands on a channel.
 //
@@ -26,6 +34,25 @@
 // restored or replaced), they read the log again from where a new process
 // would start, skipping the commands they already delivered; WatchEvents
 // does the same from the afterSeq it was given.
+//
+// # When the coordinator is out of reach
+//
+// A trainer follows the fail-safe plan of docs/design.md unless its
+// TrainerConfig.FailSafe says Off: once it has had a step answered, a
+// CompleteStep that cannot reach the coordinator within W (5 s, waiting
+// for the connection, so a restart within it goes unnoticed) returns the
+// rank's own decision, never a transport error. The rank projects the
+// step's end from the last decision it received (its I, C, R, M and B,
+// the checkpoints it saved since, W and a probe P of 0.5 s a step) and
+// saves when the coordinator's rule says so; ranks that lost the
+// coordinator after the same decision stop at the same step. A
+// ReportCheckpoint that cannot get through is queued and returns no error.
+// The rank logs one WARNING when it goes its own way and one when the
+// coordinator answers again; it then reports its steps (local_action) and
+// checkpoints in order, and logs an ERROR for a step the coordinator had
+// decided otherwise. Trainer.Close reports what is left, waiting up to W,
+// and logs an ERROR naming what it could not. Before the first answered
+// step there is nothing to plan from, and calls fail as they did.
 //
 // # Several coordinators
 //
@@ -54,7 +81,8 @@
 // Streams are resumed from their last sequence number instead of re-sent.
 // A worker re-opens its command stream (or polls again) with the policy's
 // backoff but at most 1 s apart, and at once when the connection comes up
-// (the connection itself reconnects at most 1 s apart): a worker hears a
-// command within about a second of a restarted coordinator coming back,
-// however long it was down.
+// (the connection itself reconnects at most 0.6 s apart): a worker hears a
+// command, and a waiting call or a trainer's next step is answered, within
+// a second of a restarted coordinator serving again, however long it was
+// down.
 package client

@@ -55,7 +55,14 @@ func ExampleTrainer() {
 	}
 	defer tr.Close(ctx)
 
-	for step := int64(1); ; step++ {
+	// A requeued job resumes after the run's newest checkpoint (0 in a
+	// fresh run), restored from disk.
+	last := tr.LastCheckpointStep()
+	restoreCheckpoint(last)
+	for step := last + 1; ; step++ {
+		// The iteration is the step's training alone: timed from after the
+		// previous CompleteStep or save returned, never counting the
+		// save or the time spent in CompleteStep itself.
 		began := time.Now()
 		train(step)
 		d, err := tr.CompleteStep(ctx, step, time.Since(began))
@@ -143,4 +150,5 @@ func ExampleClient_WatchEvents() {
 
 func train(int64)                  {}
 func saveCheckpoint(int64)         {}
+func restoreCheckpoint(int64)      {}
 func saveEnvironment(string) error { return nil }

@@ -27,6 +27,13 @@ func TestFollowWaitIsCappedAtASecond(t *testing.T) {
 	if d := connectParams.Backoff.MaxDelay; d > time.Second {
 		t.Errorf("the connection's reconnect backoff reaches %v, want at most 1s", d)
 	}
+	// A call waiting through an outage, or a trainer's next step, must be
+	// answered within a second of the coordinator serving again: the
+	// connection's last wait, jitter included, leaves time for the call.
+	b := connectParams.Backoff
+	if longest := time.Duration(float64(b.MaxDelay) * (1 + b.Jitter)); longest > 600*time.Millisecond {
+		t.Errorf("the connection may wait %v between attempts to reconnect, want at most 0.6s", longest)
+	}
 }
 
 // Worker.ReportSnapshot repeats its call until answered: the API must

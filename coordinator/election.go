@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
@@ -114,7 +115,8 @@ func (c *Coordinator) startElection(self string) {
 // until the term ends. Closing the session revokes its lease, so that a
 // coordinator stepping down (or shutting down) hands over at once.
 func (c *Coordinator) campaign(ctx context.Context, self string) error {
-	lease, err := c.grantLease(ctx)
+	var hold leaseHold
+	lease, err := c.grantLease(ctx, &hold)
 	if err != nil {
 		return err
 	}
@@ -143,13 +145,16 @@ func (c *Coordinator) campaign(ctx context.Context, self string) error {
 		case <-live.Done():
 		}
 	})
+	wg.Go(func() { c.keepLease(live, lease, &hold, func() { stop(errLeaseLost) }) })
+	if err := c.publishPage(live, lease); err != nil {
+		return err
+	}
 	el := concurrency.NewElection(sess, c.cfg.Etcd.electionKey())
-	c.gate.Follow("")
-	wg.Go(func() { c.observe(live, el) })
+	wg.Go(func() { c.observe(live) })
 	if err := el.Campaign(live, self); err != nil {
 		return fmt.Errorf("campaign: %w", err)
 	}
-	return c.lead(live, el, self)
+	return c.lead(live, el, self, hold.held)
 }
 
 // grantLease grants the election session's lease. It is granted here
@@ -157,9 +162,10 @@ func (c *Coordinator) campaign(ctx context.Context, self string) error {
 // grant must end at shutdown and give up on an etcd it cannot reach (or
 // that refuses its certificate), so that the failure is logged instead of
 // waited for silently.
-func (c *Coordinator) grantLease(ctx context.Context) (clientv3.LeaseID, error) {
+func (c *Coordinator) grantLease(ctx context.Context, hold *leaseHold) (clientv3.LeaseID, error) {
 	ctx, cancel := context.WithTimeout(ctx, leaseGrantTimeout)
 	defer cancel()
+	sent := time.Now()
 	lease, err := c.etcd.Grant(ctx, int64(c.cfg.ElectionTTL/time.Second))
 	if errors.Is(err, context.DeadlineExceeded) {
 		// The client retries silently: say what usually causes it.
@@ -169,19 +175,79 @@ func (c *Coordinator) grantLease(ctx context.Context) (clientv3.LeaseID, error) 
 	if err != nil {
 		return 0, fmt.Errorf("election lease: %w", err)
 	}
+	hold.renewed(sent, time.Duration(lease.TTL)*time.Second)
 	return lease.ID, nil
 }
 
-// observe tells the gate the leader's address as it changes, for the
-// NOT_LEADER answers of a follower.
-func (c *Coordinator) observe(ctx context.Context, el *concurrency.Election) {
-	for resp := range el.Observe(ctx) {
-		if len(resp.Kvs) > 0 {
-			addr := string(resp.Kvs[0].Value)
-			c.gate.Follow(addr)
-			c.log.Info("leader observed", "leader", addr)
+// observe tells the gate and the status page who leads as it changes: the
+// first-created key under the election prefix, its value the leader's
+// gRPC address and its lease naming its page (see publishPage), or nobody
+// between one leader's key vanishing and the next one's appearing, which
+// etcd's Election.Observe leaves unsaid (followers would name a dead
+// leader through the whole election).
+func (c *Coordinator) observe(ctx context.Context) {
+	prefix := c.cfg.Etcd.electionKey() + "/"
+	for ctx.Err() == nil {
+		resp, err := c.etcd.Get(ctx, prefix, clientv3.WithFirstCreate()...)
+		if err != nil {
+			select {
+			case <-ctx.Done():
+			case <-time.After(campaignRetry):
+			}
+			continue
+		}
+		c.follow(ctx, resp.Kvs)
+		c.awaitChange(ctx, prefix, resp.Header.Revision+1)
+	}
+}
+
+// awaitChange returns at the first change under prefix from revision rev
+// on (or when the watch fails or ctx ends).
+func (c *Coordinator) awaitChange(ctx context.Context, prefix string, rev int64) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	for wr := range c.etcd.Watch(ctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(rev)) {
+		if wr.Err() != nil || len(wr.Events) > 0 {
+			return
 		}
 	}
+}
+
+// follow records the leader named by kvs (its key, or none).
+func (c *Coordinator) follow(ctx context.Context, kvs []*mvccpb.KeyValue) {
+	if len(kvs) == 0 {
+		c.gate.Follow("")
+		c.leaderPage.Store(nil)
+		c.log.Info("no leader: electing one")
+		return
+	}
+	addr, page := string(kvs[0].Value), ""
+	if resp, err := c.etcd.Get(ctx, c.cfg.Etcd.pageKey(clientv3.LeaseID(kvs[0].Lease))); err == nil && len(resp.Kvs) > 0 {
+		page = string(resp.Kvs[0].Value)
+	}
+	c.gate.Follow(addr)
+	c.leaderPage.Store(&page)
+	c.log.Info("leader observed", "leader", addr, "status_page", page)
+}
+
+// pageKey is where the coordinator of an election lease publishes its
+// status page's URL, beside (not in) its election value, which older
+// coordinators read as the gRPC address alone.
+func (c EtcdConfig) pageKey(lease clientv3.LeaseID) string {
+	return fmt.Sprintf("%s/pages/%x", c.Prefix, int64(lease))
+}
+
+// publishPage puts this coordinator's status page URL under its election
+// lease, so that it goes with the lease; nothing when it has none.
+func (c *Coordinator) publishPage(ctx context.Context, lease clientv3.LeaseID) error {
+	page := c.cfg.advertisePage(c.metricsAddr)
+	if page == "" || !c.pageOn {
+		return nil
+	}
+	if _, err := c.etcd.Put(ctx, c.cfg.Etcd.pageKey(lease), page, clientv3.WithLease(lease)); err != nil {
+		return fmt.Errorf("publish the status page address: %w", err)
+	}
+	return nil
 }
 
 // lead serves one term: it opens the store fenced by this term's election
@@ -189,8 +255,9 @@ func (c *Coordinator) observe(ctx context.Context, el *concurrency.Election) {
 // timers and the restart grace), opens the gate, and waits for the term to
 // end; then it closes the gate, the engine and the store (campaign then
 // closes the session, which resigns). ctx ends when the session's lease is
-// lost or the coordinator shuts down.
-func (c *Coordinator) lead(ctx context.Context, el *concurrency.Election, self string) error {
+// lost or the coordinator shuts down; held says whether the lease is known
+// to live still, for the gate (see leaseHold).
+func (c *Coordinator) lead(ctx context.Context, el *concurrency.Election, self string, held func() bool) error {
 	fence := etcdstore.Fence{Key: el.Key(), Revision: el.Rev()}
 	st, err := etcdstore.Open(ctx, c.etcd, c.cfg.Etcd.Prefix, fence, etcdstore.Options{OnCommit: c.tel.OnCommit})
 	if err != nil {
@@ -205,7 +272,7 @@ func (c *Coordinator) lead(ctx context.Context, el *concurrency.Election, self s
 	if err != nil {
 		return fmt.Errorf("load state from etcd: %w", err)
 	}
-	c.gate.Lead(eng, self)
+	c.gate.Lead(eng, self, held)
 	c.log.Info("leading", "addr", self, "election_key", fence.Key, "revision", fence.Revision)
 	cause := c.serveTerm(ctx, eng)
 	c.gate.StepDown()

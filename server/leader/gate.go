@@ -41,8 +41,13 @@ type Gate struct {
 // term is one period of leadership with its engine.
 type term struct {
 	eng *engine.Engine
-	ctx context.Context // cancelled with errDeposed when the term ends
-	end context.CancelCauseFunc
+	// held reports whether the term is known to be still held: a
+	// coordinator that was paused (or cut off from etcd) past its lease
+	// may have been replaced before it notices, and must then answer
+	// nothing from its memory. nil: held for good (a store of its own).
+	held func() bool
+	ctx  context.Context // cancelled with errDeposed when the term ends
+	end  context.CancelCauseFunc
 	// calls are those let through in this term; StepDown waits for them.
 	calls sync.WaitGroup
 }
@@ -54,12 +59,13 @@ func New(health func(leading bool)) *Gate {
 }
 
 // Lead opens the gate on eng for a term this coordinator won; self is the
-// address clients reach it at.
-func (g *Gate) Lead(eng *engine.Engine, self string) {
+// address clients reach it at. held reports whether the term is known to
+// be held still (see term.held); nil for a coordinator alone on its store.
+func (g *Gate) Lead(eng *engine.Engine, self string, held func() bool) {
 	ctx, end := context.WithCancelCause(context.Background())
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.term, g.leader = &term{eng: eng, ctx: ctx, end: end}, self
+	g.term, g.leader = &term{eng: eng, ctx: ctx, end: end, held: held}, self
 	if g.ending {
 		eng.EndLongCalls()
 	}
@@ -135,12 +141,16 @@ func (g *Gate) For(ctx context.Context) *engine.Engine {
 type termKey struct{}
 
 // enter admits a call into the current term, or returns the leader's
-// address to send it to.
+// address to send it to. A term not known to be held any more lets no call
+// in: this coordinator may have been replaced already ("" names no leader).
 func (g *Gate) enter() (*term, string) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.term == nil {
 		return nil, g.leader
+	}
+	if !g.term.confirmed() {
+		return nil, ""
 	}
 	g.term.calls.Add(1)
 	return g.term, ""
@@ -175,6 +185,9 @@ func (t *term) bind(parent context.Context) (context.Context, func()) {
 	}
 }
 
+// confirmed reports whether the term is known to be held now.
+func (t *term) confirmed() bool { return t.held == nil || t.held() }
+
 // over reports whether the term ended, or is ending because the store
 // refused a commit of its engine (another coordinator took over; this one
 // steps down within moments). A failed call of such a term is answered
@@ -196,7 +209,12 @@ func (g *Gate) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 		ctx, done := t.bind(ctx)
 		defer done()
 		resp, err := handler(ctx, req)
-		if err != nil && t.over() {
+		if err != nil && t.over() || !t.confirmed() {
+			// An answer given after the term may have passed to another
+			// coordinator could come from this one's stale memory (a
+			// read, a heartbeat's lease renewal): it is withheld, and
+			// the client asks the leader. (A write committed before the
+			// term lapsed is durable; its retry finds it.)
 			return nil, g.refused()
 		}
 		return resp, err

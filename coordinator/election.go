@@ -15,6 +15,7 @@ import (
 	"go.etcd.io/etcd/client/v3/concurrency"
 	"go.uber.org/zap"
 
+	"github.com/snapcoord/snapcoord/server/leader"
 	"github.com/snapcoord/snapcoord/store/etcdstore"
 )
 
@@ -115,8 +116,8 @@ func (c *Coordinator) startElection(self string) {
 // until the term ends. Closing the session revokes its lease, so that a
 // coordinator stepping down (or shutting down) hands over at once.
 func (c *Coordinator) campaign(ctx context.Context, self string) error {
-	var hold leaseHold
-	lease, err := c.grantLease(ctx, &hold)
+	hold := newLeaseHold(c.etcd, c.cfg.ElectionTTL)
+	lease, err := c.grantLease(ctx, hold)
 	if err != nil {
 		return err
 	}
@@ -145,7 +146,8 @@ func (c *Coordinator) campaign(ctx context.Context, self string) error {
 		case <-live.Done():
 		}
 	})
-	wg.Go(func() { c.keepLease(live, lease, &hold, func() { stop(errLeaseLost) }) })
+	hold.lease, hold.lost = lease, func() { stop(errLeaseLost) }
+	wg.Go(func() { hold.keep(live) })
 	if err := c.publishPage(live, lease); err != nil {
 		return err
 	}
@@ -154,7 +156,7 @@ func (c *Coordinator) campaign(ctx context.Context, self string) error {
 	if err := el.Campaign(live, self); err != nil {
 		return fmt.Errorf("campaign: %w", err)
 	}
-	return c.lead(live, el, self, hold.held)
+	return c.lead(live, el, self, hold)
 }
 
 // grantLease grants the election session's lease. It is granted here
@@ -255,9 +257,9 @@ func (c *Coordinator) publishPage(ctx context.Context, lease clientv3.LeaseID) e
 // timers and the restart grace), opens the gate, and waits for the term to
 // end; then it closes the gate, the engine and the store (campaign then
 // closes the session, which resigns). ctx ends when the session's lease is
-// lost or the coordinator shuts down; held says whether the lease is known
-// to live still, for the gate (see leaseHold).
-func (c *Coordinator) lead(ctx context.Context, el *concurrency.Election, self string, held func() bool) error {
+// lost or the coordinator shuts down; hold tells the gate whether the
+// lease still lives (see leaseHold).
+func (c *Coordinator) lead(ctx context.Context, el *concurrency.Election, self string, hold leader.Hold) error {
 	fence := etcdstore.Fence{Key: el.Key(), Revision: el.Rev()}
 	st, err := etcdstore.Open(ctx, c.etcd, c.cfg.Etcd.Prefix, fence, etcdstore.Options{OnCommit: c.tel.OnCommit})
 	if err != nil {
@@ -272,7 +274,7 @@ func (c *Coordinator) lead(ctx context.Context, el *concurrency.Election, self s
 	if err != nil {
 		return fmt.Errorf("load state from etcd: %w", err)
 	}
-	c.gate.Lead(eng, self, held)
+	c.gate.Lead(eng, self, hold)
 	c.log.Info("leading", "addr", self, "election_key", fence.Key, "revision", fence.Revision)
 	cause := c.serveTerm(ctx, eng)
 	c.gate.StepDown()

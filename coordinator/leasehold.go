@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -15,18 +16,32 @@ import (
 const holdMargin = 100 * time.Millisecond
 
 // leaseHold is how long this coordinator's election lease is known to
-// live. etcd expires a lease its TTL after the last keep-alive it
-// processed, and it processed each after this coordinator sent it: a
-// keep-alive sent at S and answered proves the lease (and so the term led
-// with it) lives until S+TTL at least. Past that bound nothing is known:
-// the process may have been paused, or cut off from etcd, while another
-// coordinator took over; the gate then answers nothing from memory.
+// live (leader.Hold). etcd expires a lease its TTL after the last
+// keep-alive it processed, and it processed each after this coordinator
+// sent it: a keep-alive sent at S and answered proves the lease (and so
+// the term led with it) lives until S+TTL at least. Past that bound
+// nothing is known: the process may have been paused, or cut off from
+// etcd, while another coordinator took over; the gate then asks etcd
+// before it answers anything from memory.
 //
 // The bound is the monotonic clock's, which runs on while the process is
 // stopped (SIGSTOP, a frozen VM), exactly the case to catch.
 type leaseHold struct {
+	etcd  *clientv3.Client
+	lease clientv3.LeaseID
+	ttl   time.Duration // the bound of one renewal's wait
+	lost  func()        // the term is over: etcd no longer knows the lease
+
 	mu    sync.Mutex
 	until time.Time
+	gone  atomic.Bool
+	// asking lets one renewal at a time be made for Confirm, however many
+	// calls ask at once.
+	asking chan struct{}
+}
+
+func newLeaseHold(etcd *clientv3.Client, ttl time.Duration) *leaseHold {
+	return &leaseHold{etcd: etcd, ttl: ttl, lost: func() {}, asking: make(chan struct{}, 1)}
 }
 
 // renewed records that etcd granted or renewed the lease for ttl in answer
@@ -40,35 +55,62 @@ func (h *leaseHold) renewed(sent time.Time, ttl time.Duration) {
 	}
 }
 
-// held reports whether the lease is known to live now.
-func (h *leaseHold) held() bool {
+// Held reports whether the lease is known to live now.
+func (h *leaseHold) Held() bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return time.Now().Before(h.until)
+	return !h.gone.Load() && time.Now().Before(h.until)
 }
 
-// keepLease renews the election lease every sixth of the TTL, beside the
-// session's own keep-alives (whose send times the etcd client keeps to
-// itself), recording each renewal in hold, until ctx ends. A lease etcd no
-// longer knows calls lost at once: the term is over.
-func (c *Coordinator) keepLease(ctx context.Context, lease clientv3.LeaseID, hold *leaseHold, lost func()) {
-	every := c.cfg.ElectionTTL / 6
+// Confirm renews the lease to learn whether it lives: true once it did,
+// false when etcd no longer knows it (the term is over) or gives no answer
+// before ctx ends or the TTL passes. While etcd has no quorum it waits:
+// etcd expires no lease then, and a write committed when quorum returns
+// is answered as such.
+func (h *leaseHold) Confirm(ctx context.Context) bool {
+	select {
+	case h.asking <- struct{}{}:
+		defer func() { <-h.asking }()
+	case <-ctx.Done():
+		return false
+	}
+	if h.Held() { // renewed while this call waited for its turn
+		return true
+	}
+	return h.renew(ctx) == nil
+}
+
+// renew sends one keep-alive and records its answer.
+func (h *leaseHold) renew(ctx context.Context) error {
+	if h.gone.Load() {
+		return rpctypes.ErrLeaseNotFound
+	}
+	ctx, cancel := context.WithTimeout(ctx, h.ttl)
+	defer cancel()
+	sent := time.Now()
+	resp, err := h.etcd.KeepAliveOnce(ctx, h.lease)
+	switch {
+	case err == nil:
+		h.renewed(sent, time.Duration(resp.TTL)*time.Second)
+	case errors.Is(err, rpctypes.ErrLeaseNotFound):
+		h.gone.Store(true)
+		h.lost()
+	}
+	return err
+}
+
+// keep renews the lease every sixth of the TTL, beside the session's own
+// keep-alives (whose send times the etcd client keeps to itself), until
+// ctx ends or the lease is gone.
+func (h *leaseHold) keep(ctx context.Context) {
 	for {
-		sent := time.Now()
-		rctx, cancel := context.WithTimeout(ctx, c.cfg.ElectionTTL)
-		resp, err := c.etcd.KeepAliveOnce(rctx, lease)
-		cancel()
-		switch {
-		case err == nil:
-			hold.renewed(sent, time.Duration(resp.TTL)*time.Second)
-		case errors.Is(err, rpctypes.ErrLeaseNotFound):
-			lost()
+		if errors.Is(h.renew(ctx), rpctypes.ErrLeaseNotFound) {
 			return
 		}
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(every):
+		case <-time.After(h.ttl / 6):
 		}
 	}
 }

@@ -171,9 +171,9 @@ func (f fakeStream) Context() context.Context { return f.ctx }
 // call answered NOT_LEADER, and a call arriving then is not let in.
 func TestAnswerAfterTheTermLapsedIsWithheld(t *testing.T) {
 	g := New(func(bool) {})
-	var held atomic.Bool
+	held := &fakeHold{}
 	held.Store(true)
-	g.Lead(newEngine(t), "10.0.0.1:7070", held.Load)
+	g.Lead(newEngine(t), "10.0.0.1:7070", held)
 	paused := func(context.Context, any) (any, error) {
 		held.Store(false) // the process stopped here, and its lease lapsed
 		return "renewed from memory", nil
@@ -189,8 +189,21 @@ func TestAnswerAfterTheTermLapsedIsWithheld(t *testing.T) {
 		t.Fatalf("a status page read in a lapsed term: %v; want ErrUnavailable saying leadership is unconfirmed", err)
 	}
 
-	held.Store(true) // renewed after all: a short pause
+	held.confirms.Store(true) // etcd renews it after all: a short pause, or quorum back
+	if err := unaryCall(g, heartbeat, func(context.Context, any) (any, error) { return nil, nil }); err != nil {
+		t.Fatalf("a call whose term the store confirmed: %v", err)
+	}
+	held.Store(true)
 	if err := unaryCall(g, heartbeat, func(context.Context, any) (any, error) { return nil, nil }); err != nil {
 		t.Fatalf("a call once the lease was renewed: %v", err)
 	}
 }
+
+// fakeHold is a term's Hold: Held as stored, Confirm as confirms.
+type fakeHold struct {
+	atomic.Bool
+	confirms atomic.Bool
+}
+
+func (h *fakeHold) Held() bool                   { return h.Load() }
+func (h *fakeHold) Confirm(context.Context) bool { return h.confirms.Load() }

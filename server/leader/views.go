@@ -50,11 +50,12 @@ func (g *Gate) Healthy() error {
 // been replaced must not show as the state of the runs.
 func (g *Gate) fresh() *engine.Engine {
 	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.term == nil || !g.term.confirmed() {
+	t := g.term
+	g.mu.Unlock()
+	if t == nil || t.hold != nil && !t.hold.Held() {
 		return nil
 	}
-	return g.term.eng
+	return t.eng
 }
 
 // notLeading is what the status page's reads get while following, or

@@ -189,6 +189,7 @@ func (c *Coordinator) grantLease(ctx context.Context, hold *leaseHold) (clientv3
 // leader through the whole election).
 func (c *Coordinator) observe(ctx context.Context) {
 	prefix := c.cfg.Etcd.electionKey() + "/"
+	seen := int64(-1) // the leader key's creation revision; 0: none
 	for ctx.Err() == nil {
 		resp, err := c.etcd.Get(ctx, prefix, clientv3.WithFirstCreate()...)
 		if err != nil {
@@ -198,7 +199,15 @@ func (c *Coordinator) observe(ctx context.Context) {
 			}
 			continue
 		}
-		c.follow(ctx, resp.Kvs)
+		var first *mvccpb.KeyValue
+		if len(resp.Kvs) > 0 {
+			first = resp.Kvs[0]
+		}
+		// Another candidate's key changes nothing.
+		if rev := first.GetCreateRevision(); rev != seen {
+			c.follow(ctx, first)
+			seen = rev
+		}
 		c.awaitChange(ctx, prefix, resp.Header.Revision+1)
 	}
 }
@@ -215,16 +224,16 @@ func (c *Coordinator) awaitChange(ctx context.Context, prefix string, rev int64)
 	}
 }
 
-// follow records the leader named by kvs (its key, or none).
-func (c *Coordinator) follow(ctx context.Context, kvs []*mvccpb.KeyValue) {
-	if len(kvs) == 0 {
+// follow records the leader named by its election key kv (nil: none).
+func (c *Coordinator) follow(ctx context.Context, kv *mvccpb.KeyValue) {
+	if kv == nil {
 		c.gate.Follow("")
 		c.leaderPage.Store(nil)
 		c.log.Info("no leader: electing one")
 		return
 	}
-	addr, page := string(kvs[0].Value), ""
-	if resp, err := c.etcd.Get(ctx, c.cfg.Etcd.pageKey(clientv3.LeaseID(kvs[0].Lease))); err == nil && len(resp.Kvs) > 0 {
+	addr, page := string(kv.Value), ""
+	if resp, err := c.etcd.Get(ctx, c.cfg.Etcd.pageKey(clientv3.LeaseID(kv.Lease))); err == nil && len(resp.Kvs) > 0 {
 		page = string(resp.Kvs[0].Value)
 	}
 	c.gate.Follow(addr)

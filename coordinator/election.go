@@ -142,7 +142,14 @@ func (c *Coordinator) campaign(ctx context.Context, self string) error {
 	wg.Go(func() {
 		select {
 		case <-sess.Done():
-			stop(errLeaseLost)
+			// The etcd client gives up on a lease it could not renew for
+			// its TTL, as while etcd has no quorum; etcd expires none
+			// then, and once quorum is back the lease lives on. Asked
+			// directly, a lease still alive keeps the term (hold renews
+			// it from now on), rather than a failover after the outage.
+			if !c.sessionOutlived(live, hold) {
+				stop(errLeaseLost)
+			}
 		case <-live.Done():
 		}
 	})
@@ -157,6 +164,18 @@ func (c *Coordinator) campaign(ctx context.Context, self string) error {
 		return fmt.Errorf("campaign: %w", err)
 	}
 	return c.lead(live, el, self, hold)
+}
+
+// sessionOutlived reports whether the election lease is alive after its
+// session's keep-alive ended, asking etcd for up to a TTL.
+func (c *Coordinator) sessionOutlived(ctx context.Context, hold *leaseHold) bool {
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.ElectionTTL)
+	defer cancel()
+	if !hold.Confirm(ctx) {
+		return false
+	}
+	c.log.Info("election session: the etcd client gave up renewing the lease, which lives; renewing it directly")
+	return true
 }
 
 // grantLease grants the election session's lease. It is granted here

@@ -63,10 +63,10 @@ func (h *leaseHold) Held() bool {
 }
 
 // Confirm renews the lease to learn whether it lives: true once it did,
-// false when etcd no longer knows it (the term is over) or gives no answer
-// before ctx ends or the TTL passes. While etcd has no quorum it waits:
-// etcd expires no lease then, and a write committed when quorum returns
-// is answered as such.
+// false when etcd no longer knows it (the term is over) or ctx ends first.
+// While etcd has no quorum it keeps asking: etcd expires no lease then, and
+// a call waits for quorum's return as its commit would, rather than be
+// refused and retried after a backoff.
 func (h *leaseHold) Confirm(ctx context.Context) bool {
 	select {
 	case h.asking <- struct{}{}:
@@ -74,11 +74,23 @@ func (h *leaseHold) Confirm(ctx context.Context) bool {
 	case <-ctx.Done():
 		return false
 	}
-	if h.Held() { // renewed while this call waited for its turn
-		return true
+	for {
+		if h.Held() { // renewed, by this loop or while this call waited
+			return true
+		}
+		if errors.Is(h.renew(ctx), rpctypes.ErrLeaseNotFound) {
+			return false
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(confirmRetry):
+		}
 	}
-	return h.renew(ctx) == nil
 }
+
+// confirmRetry is the pause between two renewals Confirm makes.
+const confirmRetry = 100 * time.Millisecond
 
 // renew sends one keep-alive and records its answer.
 func (h *leaseHold) renew(ctx context.Context) error {

@@ -299,25 +299,11 @@ func (h *haCluster) pauseCycle(ctx context.Context, admin *client.Client, probe 
 		return "", time.Time{}, err
 	}
 	defer direct.Close()
-	wait, err := h.watchLeaders(ctx)
+	st, err := h.stopLeader(ctx)
 	if err != nil {
 		return "", time.Time{}, err
 	}
-	// Watched from before the resume: the step-down must show as a
-	// change away from SERVING.
-	oldHealth, err := old.WatchHealth(ctx, leaderService)
-	if err != nil {
-		return "", time.Time{}, err
-	}
-	paused := time.Now()
-	if err := syscall.Kill(old.Pid(), syscall.SIGSTOP); err != nil {
-		return "", time.Time{}, err
-	}
-	next, at, err := wait(h.failoverWait())
-	if err != nil {
-		_ = syscall.Kill(old.Pid(), syscall.SIGCONT)
-		return "", time.Time{}, err
-	}
+	next, at, oldHealth, paused := st.next, st.at, st.oldHealth, st.stopped
 	failover := at.Sub(paused)
 	s.pauses = append(s.pauses, failover)
 	answers := probe.send(ctx, direct, cycle)
@@ -358,6 +344,39 @@ func (h *haCluster) pauseCycle(ctx context.Context, admin *client.Client, probe 
 		stopped.Milliseconds(), failover.Milliseconds(), acked, probesPerPause+1, len(stored), deposed, verdict), at, nil
 }
 
+// stoppedLeader is a leader SIGSTOPped until another served.
+type stoppedLeader struct {
+	stopped time.Time
+	next    int       // the coordinator that took over
+	at      time.Time // when it reported SERVING
+	// oldHealth watches the stopped leader from before its stop: its
+	// step-down must show as a change away from SERVING.
+	oldHealth <-chan healthpb.HealthCheckResponse_ServingStatus
+}
+
+// stopLeader SIGSTOPs the leader and waits for another to serve (its
+// session lease must lapse first).
+func (h *haCluster) stopLeader(ctx context.Context) (stoppedLeader, error) {
+	old := h.procs[h.leader]
+	wait, err := h.watchLeaders(ctx)
+	if err != nil {
+		return stoppedLeader{}, err
+	}
+	var st stoppedLeader
+	if st.oldHealth, err = old.WatchHealth(ctx, leaderService); err != nil {
+		return stoppedLeader{}, err
+	}
+	st.stopped = time.Now()
+	if err := syscall.Kill(old.Pid(), syscall.SIGSTOP); err != nil {
+		return stoppedLeader{}, err
+	}
+	if st.next, st.at, err = wait(h.failoverWait()); err != nil {
+		_ = syscall.Kill(old.Pid(), syscall.SIGCONT)
+		return stoppedLeader{}, err
+	}
+	return st, nil
+}
+
 // freezeCycle SIGSTOPs the leader for twice its election TTL, as a long GC
 // pause or a frozen VM would, while the writers' snapshots are in flight
 // (every checkpoint issues one): the writers' calls sent to it sit in its
@@ -368,23 +387,11 @@ func (h *haCluster) pauseCycle(ctx context.Context, admin *client.Client, probe 
 func (h *haCluster) freezeCycle(ctx context.Context, s *haSummary) (string, time.Time, error) {
 	oldIndex := h.leader
 	old := h.procs[oldIndex]
-	wait, err := h.watchLeaders(ctx)
+	st, err := h.stopLeader(ctx)
 	if err != nil {
 		return "", time.Time{}, err
 	}
-	oldHealth, err := old.WatchHealth(ctx, leaderService)
-	if err != nil {
-		return "", time.Time{}, err
-	}
-	frozen := time.Now()
-	if err := syscall.Kill(old.Pid(), syscall.SIGSTOP); err != nil {
-		return "", time.Time{}, err
-	}
-	next, at, err := wait(h.failoverWait())
-	if err != nil {
-		_ = syscall.Kill(old.Pid(), syscall.SIGCONT)
-		return "", time.Time{}, err
-	}
+	next, at, oldHealth, frozen := st.next, st.at, st.oldHealth, st.stopped
 	s.freezes = append(s.freezes, at.Sub(frozen))
 	time.Sleep(time.Until(frozen.Add(2 * h.ttl))) // the freeze itself
 	if err := syscall.Kill(old.Pid(), syscall.SIGCONT); err != nil {

@@ -4,6 +4,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc"
@@ -30,6 +31,11 @@ type Config struct {
 	// to them by the other coordinators while this one leads; empty: the
 	// listening address (which must then not be a wildcard).
 	AdvertiseAddr string
+	// AdvertiseHTTP is the URL (or host:port) of this coordinator's status
+	// page as people reach it, to which the others' pages send them while
+	// this one leads; empty: http:// and the metrics listener's address,
+	// unless that is a wildcard (then the others' pages name none).
+	AdvertiseHTTP string
 	// ElectionTTL is the lease of this coordinator's election session: a
 	// leader that stops renewing it is deposed this long after. Whole
 	// seconds (etcd leases count in seconds).
@@ -223,6 +229,21 @@ func Reachable(listen string) bool {
 	}
 	ip := net.ParseIP(host)
 	return ip == nil || !ip.IsUnspecified()
+}
+
+// advertisePage is the status page's URL other coordinators send people
+// to while this one leads (metricsAddr: the metrics listener's, port
+// resolved; "" when off); "" when there is none to give.
+func (c Config) advertisePage(metricsAddr string) string {
+	switch {
+	case c.AdvertiseHTTP != "" && strings.Contains(c.AdvertiseHTTP, "://"):
+		return strings.TrimSuffix(c.AdvertiseHTTP, "/")
+	case c.AdvertiseHTTP != "":
+		return "http://" + c.AdvertiseHTTP
+	case metricsAddr != "" && Reachable(c.MetricsListen):
+		return "http://" + metricsAddr
+	}
+	return ""
 }
 
 // advertise is the address other coordinators name as this one's while it

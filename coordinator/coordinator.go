@@ -19,6 +19,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -58,6 +59,11 @@ type Coordinator struct {
 	addr   string
 	// metricsAddr is the metrics listener's address; empty when off.
 	metricsAddr string
+	// leaderPage is the status page URL the leader published (etcd), ""
+	// if none; nil while no leader is known.
+	leaderPage atomic.Pointer[string]
+	// pageOn is whether this coordinator serves a status page.
+	pageOn bool
 }
 
 // New assembles a coordinator over cfg.DataDir without listening yet. On
@@ -89,7 +95,7 @@ func New(ctx context.Context, cfg Config) (_ *Coordinator, err error) {
 	}
 	if c.eng != nil {
 		// A coordinator alone on its store leads it for good.
-		c.gate.Lead(c.eng, c.cfg.Listen)
+		c.gate.Lead(c.eng, c.cfg.Listen, nil)
 	}
 	return c, nil
 }

@@ -9,11 +9,13 @@ import (
 	"sync"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 	"go.uber.org/zap"
 
+	"github.com/snapcoord/snapcoord/server/leader"
 	"github.com/snapcoord/snapcoord/store/etcdstore"
 )
 
@@ -114,7 +116,8 @@ func (c *Coordinator) startElection(self string) {
 // until the term ends. Closing the session revokes its lease, so that a
 // coordinator stepping down (or shutting down) hands over at once.
 func (c *Coordinator) campaign(ctx context.Context, self string) error {
-	lease, err := c.grantLease(ctx)
+	hold := newLeaseHold(c.etcd, c.cfg.ElectionTTL)
+	lease, err := c.grantLease(ctx, hold)
 	if err != nil {
 		return err
 	}
@@ -139,17 +142,40 @@ func (c *Coordinator) campaign(ctx context.Context, self string) error {
 	wg.Go(func() {
 		select {
 		case <-sess.Done():
-			stop(errLeaseLost)
+			// The etcd client gives up on a lease it could not renew for
+			// its TTL, as while etcd has no quorum; etcd expires none
+			// then, and once quorum is back the lease lives on. Asked
+			// directly, a lease still alive keeps the term (hold renews
+			// it from now on), rather than a failover after the outage.
+			if !c.sessionOutlived(live, hold) {
+				stop(errLeaseLost)
+			}
 		case <-live.Done():
 		}
 	})
+	hold.lease, hold.lost = lease, func() { stop(errLeaseLost) }
+	wg.Go(func() { hold.keep(live) })
+	if err := c.publishPage(live, lease); err != nil {
+		return err
+	}
 	el := concurrency.NewElection(sess, c.cfg.Etcd.electionKey())
-	c.gate.Follow("")
-	wg.Go(func() { c.observe(live, el) })
+	wg.Go(func() { c.observe(live) })
 	if err := el.Campaign(live, self); err != nil {
 		return fmt.Errorf("campaign: %w", err)
 	}
-	return c.lead(live, el, self)
+	return c.lead(live, el, self, hold)
+}
+
+// sessionOutlived reports whether the election lease is alive after its
+// session's keep-alive ended, asking etcd for up to a TTL.
+func (c *Coordinator) sessionOutlived(ctx context.Context, hold *leaseHold) bool {
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.ElectionTTL)
+	defer cancel()
+	if !hold.Confirm(ctx) {
+		return false
+	}
+	c.log.Info("election session: the etcd client gave up renewing the lease, which lives; renewing it directly")
+	return true
 }
 
 // grantLease grants the election session's lease. It is granted here
@@ -157,9 +183,10 @@ func (c *Coordinator) campaign(ctx context.Context, self string) error {
 // grant must end at shutdown and give up on an etcd it cannot reach (or
 // that refuses its certificate), so that the failure is logged instead of
 // waited for silently.
-func (c *Coordinator) grantLease(ctx context.Context) (clientv3.LeaseID, error) {
+func (c *Coordinator) grantLease(ctx context.Context, hold *leaseHold) (clientv3.LeaseID, error) {
 	ctx, cancel := context.WithTimeout(ctx, leaseGrantTimeout)
 	defer cancel()
+	sent := time.Now()
 	lease, err := c.etcd.Grant(ctx, int64(c.cfg.ElectionTTL/time.Second))
 	if errors.Is(err, context.DeadlineExceeded) {
 		// The client retries silently: say what usually causes it.
@@ -169,19 +196,88 @@ func (c *Coordinator) grantLease(ctx context.Context) (clientv3.LeaseID, error) 
 	if err != nil {
 		return 0, fmt.Errorf("election lease: %w", err)
 	}
+	hold.renewed(sent, time.Duration(lease.TTL)*time.Second)
 	return lease.ID, nil
 }
 
-// observe tells the gate the leader's address as it changes, for the
-// NOT_LEADER answers of a follower.
-func (c *Coordinator) observe(ctx context.Context, el *concurrency.Election) {
-	for resp := range el.Observe(ctx) {
+// observe tells the gate and the status page who leads as it changes: the
+// first-created key under the election prefix, its value the leader's
+// gRPC address and its lease naming its page (see publishPage), or nobody
+// between one leader's key vanishing and the next one's appearing, which
+// etcd's Election.Observe leaves unsaid (followers would name a dead
+// leader through the whole election).
+func (c *Coordinator) observe(ctx context.Context) {
+	prefix := c.cfg.Etcd.electionKey() + "/"
+	seen := int64(-1) // the leader key's creation revision; 0: none
+	for ctx.Err() == nil {
+		resp, err := c.etcd.Get(ctx, prefix, clientv3.WithFirstCreate()...)
+		if err != nil {
+			select {
+			case <-ctx.Done():
+			case <-time.After(campaignRetry):
+			}
+			continue
+		}
+		var first *mvccpb.KeyValue
 		if len(resp.Kvs) > 0 {
-			addr := string(resp.Kvs[0].Value)
-			c.gate.Follow(addr)
-			c.log.Info("leader observed", "leader", addr)
+			first = resp.Kvs[0]
+		}
+		// Another candidate's key changes nothing.
+		if rev := first.GetCreateRevision(); rev != seen {
+			c.follow(ctx, first)
+			seen = rev
+		}
+		c.awaitChange(ctx, prefix, resp.Header.Revision+1)
+	}
+}
+
+// awaitChange returns at the first change under prefix from revision rev
+// on (or when the watch fails or ctx ends).
+func (c *Coordinator) awaitChange(ctx context.Context, prefix string, rev int64) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	for wr := range c.etcd.Watch(ctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(rev)) {
+		if wr.Err() != nil || len(wr.Events) > 0 {
+			return
 		}
 	}
+}
+
+// follow records the leader named by its election key kv (nil: none).
+func (c *Coordinator) follow(ctx context.Context, kv *mvccpb.KeyValue) {
+	if kv == nil {
+		c.gate.Follow("")
+		c.leaderPage.Store(nil)
+		c.log.Info("no leader: electing one")
+		return
+	}
+	addr, page := string(kv.Value), ""
+	if resp, err := c.etcd.Get(ctx, c.cfg.Etcd.pageKey(clientv3.LeaseID(kv.Lease))); err == nil && len(resp.Kvs) > 0 {
+		page = string(resp.Kvs[0].Value)
+	}
+	c.gate.Follow(addr)
+	c.leaderPage.Store(&page)
+	c.log.Info("leader observed", "leader", addr, "status_page", page)
+}
+
+// pageKey is where the coordinator of an election lease publishes its
+// status page's URL, beside (not in) its election value, which older
+// coordinators read as the gRPC address alone.
+func (c EtcdConfig) pageKey(lease clientv3.LeaseID) string {
+	return fmt.Sprintf("%s/pages/%x", c.Prefix, int64(lease))
+}
+
+// publishPage puts this coordinator's status page URL under its election
+// lease, so that it goes with the lease; nothing when it has none.
+func (c *Coordinator) publishPage(ctx context.Context, lease clientv3.LeaseID) error {
+	page := c.cfg.advertisePage(c.metricsAddr)
+	if page == "" || !c.pageOn {
+		return nil
+	}
+	if _, err := c.etcd.Put(ctx, c.cfg.Etcd.pageKey(lease), page, clientv3.WithLease(lease)); err != nil {
+		return fmt.Errorf("publish the status page address: %w", err)
+	}
+	return nil
 }
 
 // lead serves one term: it opens the store fenced by this term's election
@@ -189,8 +285,9 @@ func (c *Coordinator) observe(ctx context.Context, el *concurrency.Election) {
 // timers and the restart grace), opens the gate, and waits for the term to
 // end; then it closes the gate, the engine and the store (campaign then
 // closes the session, which resigns). ctx ends when the session's lease is
-// lost or the coordinator shuts down.
-func (c *Coordinator) lead(ctx context.Context, el *concurrency.Election, self string) error {
+// lost or the coordinator shuts down; hold tells the gate whether the
+// lease still lives (see leaseHold).
+func (c *Coordinator) lead(ctx context.Context, el *concurrency.Election, self string, hold leader.Hold) error {
 	fence := etcdstore.Fence{Key: el.Key(), Revision: el.Rev()}
 	st, err := etcdstore.Open(ctx, c.etcd, c.cfg.Etcd.Prefix, fence, etcdstore.Options{OnCommit: c.tel.OnCommit})
 	if err != nil {
@@ -205,7 +302,7 @@ func (c *Coordinator) lead(ctx context.Context, el *concurrency.Election, self s
 	if err != nil {
 		return fmt.Errorf("load state from etcd: %w", err)
 	}
-	c.gate.Lead(eng, self)
+	c.gate.Lead(eng, self, hold)
 	c.log.Info("leading", "addr", self, "election_key", fence.Key, "revision", fence.Revision)
 	cause := c.serveTerm(ctx, eng)
 	c.gate.StepDown()

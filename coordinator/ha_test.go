@@ -87,8 +87,11 @@ func TestEtcdLeaderHandsOverOnShutdown(t *testing.T) {
 		t.Fatalf("CreateRun on the leader: %v", err)
 	}
 	<-observed
-	if page := statusPage(t, second.MetricsAddr()); !strings.Contains(page, "this coordinator follows; the leader is at "+first.Addr()) {
-		t.Errorf("the follower's status page does not name the leader %s:\n%s", first.Addr(), page)
+	// The follower's page sends people to the leader's page, at the
+	// address the leader published for it (its metrics listener's here),
+	// not to its gRPC address.
+	if code, loc := redirect(t, "http://"+second.MetricsAddr()+"/runs/kept"); code != http.StatusTemporaryRedirect || loc != "http://"+first.MetricsAddr()+"/runs/kept" {
+		t.Errorf("the follower's status page: %d to %q; want 307 to the leader's page http://%s/runs/kept", code, loc, first.MetricsAddr())
 	}
 	if addr, self := second.Leader(); self || addr != first.Addr() {
 		t.Fatalf("second: Leader() = %q, %v; want %s, not itself", addr, self, first.Addr())
@@ -219,9 +222,17 @@ func TestEtcdDeposedLeaderIsFenced(t *testing.T) {
 	awaitRunService(t, first.Addr(), healthpb.HealthCheckResponse_NOT_SERVING)
 }
 
-func statusPage(t *testing.T, addr string) string {
+// redirect GETs url without following a redirect: the status code and
+// Location.
+func redirect(t *testing.T, url string) (int, string) {
 	t.Helper()
-	return get(t, "http://"+addr+"/")
+	cl := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	resp, err := cl.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	return resp.StatusCode, resp.Header.Get("Location")
 }
 
 func get(t *testing.T, url string) string {

@@ -143,7 +143,7 @@ func (c *Coordinator) startMetrics() error {
 	var page http.Handler
 	if c.cfg.StatusPageAllowed(c.adminTokens + c.viewerTokens) {
 		page = statuspage.New(statuspage.Options{Runs: c.gate, Admit: c.authn, Logger: c.log,
-			LeaseTTL: c.cfg.LeaseTTL})
+			LeaseTTL: c.cfg.LeaseTTL, Leader: c.pageLeader})
 	} else {
 		c.log.Warn("status page off: no admin or viewer token is configured and --metrics-listen is not loopback; configure one or pass --insecure")
 	}
@@ -154,7 +154,7 @@ func (c *Coordinator) startMetrics() error {
 	if err != nil {
 		return fmt.Errorf("metrics listen: %w", err)
 	}
-	c.metricsAddr = lis.Addr().String()
+	c.metricsAddr, c.pageOn = lis.Addr().String(), page != nil
 	hs := &http.Server{
 		Handler:           metricsMux(c.tel.Handler(c.cfg.Pprof), page),
 		ReadHeaderTimeout: 10 * time.Second,
@@ -178,6 +178,20 @@ func (c *Coordinator) startMetrics() error {
 		<-done
 	})
 	return nil
+}
+
+// pageLeader is where the status page sends people while this coordinator
+// follows (statuspage.Options.Leader).
+func (c *Coordinator) pageLeader() statuspage.Leader {
+	if c.etcd == nil {
+		return statuspage.Leader{Self: true}
+	}
+	_, self := c.gate.Leader()
+	l := statuspage.Leader{Self: self}
+	if p := c.leaderPage.Load(); p != nil {
+		l.Known, l.PageURL = true, *p
+	}
+	return l
 }
 
 // metricsMux puts the status page ("/" and "/runs/{id}") beside /metrics

@@ -29,15 +29,23 @@ const runService = "snapcoord.v1.RunService"
 // etcd cluster.
 func startGroup(t *testing.T, n int) []*coordproc.Proc {
 	t.Helper()
+	_, procs := startEtcdGroup(t, n, "--heartbeat-interval", "5s", "--lease-ttl", "5m")
+	return procs
+}
+
+// startEtcdGroup is startGroup with the coordinators' extra args, and the
+// etcd cluster.
+func startEtcdGroup(t *testing.T, n int, args ...string) (*etcdtest.Cluster, []*coordproc.Proc) {
+	t.Helper()
 	etcd := etcdtest.Start(t, 3)
 	procs := make([]*coordproc.Proc, n)
 	for i := range procs {
 		procs[i] = coordproc.ForTest(t, coordproc.Config{Bin: binPath,
 			LogPath: filepath.Join(t.TempDir(), fmt.Sprintf("snapcoord-%d.log", i)),
 			Etcd:    coordproc.Etcd{Endpoints: etcd.Endpoints(), Prefix: "/ha", ElectionTTL: haTTL},
-			Args:    []string{"--metrics-listen", "", "--log-format", "json", "--heartbeat-interval", "5s", "--lease-ttl", "5m"}})
+			Args:    append([]string{"--metrics-listen", "", "--log-format", "json"}, args...)})
 	}
-	return procs
+	return etcd, procs
 }
 
 // awaitLeader returns the one of procs (those not excluded) whose

@@ -56,6 +56,7 @@ func newServeFlags(cfg *serveConfig) *flag.FlagSet {
 	fs.StringVar(&c.Etcd.CertFile, "etcd-cert-file", def.Etcd.CertFile, "PEM client certificate `file` for etcd (mutual TLS; with --etcd-key-file)")
 	fs.StringVar(&c.Etcd.KeyFile, "etcd-key-file", def.Etcd.KeyFile, "PEM client private key `file` for etcd (with --etcd-cert-file)")
 	fs.StringVar(&c.AdvertiseAddr, "advertise-addr", def.AdvertiseAddr, "`address` clients reach this coordinator at, which followers name as the leader's; default --listen (required when --listen is a wildcard)")
+	fs.StringVar(&c.AdvertiseHTTP, "advertise-http", def.AdvertiseHTTP, "`URL` (or host:port) people reach this coordinator's status page at, to which the other coordinators' pages redirect while it leads; default http:// and --metrics-listen unless that is a wildcard")
 	durations.Var(fs, &c.ElectionTTL, "election-ttl", def.ElectionTTL, durations.Options{WholeSeconds: true}, "lease of the leader election for --store etcd: a leader that stops renewing it is replaced this long after")
 	durations.Var(fs, &c.HeartbeatInterval, "heartbeat-interval", def.HeartbeatInterval, durations.Options{}, "how often workers are told to heartbeat")
 	durations.Var(fs, &c.LeaseTTL, "lease-ttl", def.LeaseTTL, durations.Options{}, "a worker silent this long is LOST")

@@ -81,6 +81,7 @@ func TestEtcdFlags(t *testing.T) {
 		"SNAPCOORD_STORE":          "etcd",
 		"SNAPCOORD_ETCD_ENDPOINTS": "10.0.0.1:2379,http://10.0.0.2:2379",
 		"SNAPCOORD_ETCD_CA_FILE":   "ca.pem",
+		"SNAPCOORD_ADVERTISE_HTTP": "https://coord-1.example/snapcoord",
 	})
 	cfg, _, err := parseServe([]string{"--listen", "0.0.0.0:7070", "--advertise-addr", "coord-1:7070", "--election-ttl", "3s", "--etcd-prefix", "/team-a"}, env)
 	if err != nil {
@@ -89,6 +90,9 @@ func TestEtcdFlags(t *testing.T) {
 	want := coordinator.EtcdConfig{Endpoints: []string{"10.0.0.1:2379", "http://10.0.0.2:2379"}, Prefix: "/team-a", CAFile: "ca.pem"}
 	if cfg.Store != coordinator.StoreEtcd || !reflect.DeepEqual(cfg.Etcd, want) || cfg.AdvertiseAddr != "coord-1:7070" || cfg.ElectionTTL != 3*time.Second {
 		t.Errorf("store %q, etcd %+v, advertise %q, TTL %v", cfg.Store, cfg.Etcd, cfg.AdvertiseAddr, cfg.ElectionTTL)
+	}
+	if cfg.AdvertiseHTTP != "https://coord-1.example/snapcoord" {
+		t.Errorf("advertised status page %q, want SNAPCOORD_ADVERTISE_HTTP's", cfg.AdvertiseHTTP)
 	}
 	def, _, err := parseServe(nil, noEnv)
 	if err != nil || def.Store != coordinator.StoreBbolt || def.Etcd.Prefix != "/snapcoord" || def.ElectionTTL != 5*time.Second {

@@ -120,6 +120,10 @@ type haSummary struct {
 	probeStored   []string        // those found in etcd: must be none
 	refusals      map[string]int  // how they were refused: code, and ErrorInfo reason
 	notDeposed    int             // paused leaders that still said SERVING after resuming
+	freezes       []time.Duration // failover times after a freeze
+	// stalls are, by kind of cycle, how long after the next leader served
+	// (or etcd had quorum again) every writer had a write acknowledged.
+	stalls map[cycleKind][]time.Duration
 	// stepDowns counts the coordinators' "stepped down" log lines by cause:
 	// a lost election session, or a commit the fence refused.
 	stepDowns map[string]int
@@ -132,8 +136,12 @@ func haLoop(ctx context.Context, cfg config, out io.Writer) (bool, error) {
 	}
 	defer cleanup()
 	rng := rand.New(rand.NewPCG(cfg.seed, cfg.seed^0x9e3779b97f4a7c15))
-	fmt.Fprintf(out, "snapcrash --ha: %d cycles, 3 etcd members, %d coordinators (election TTL %s), %d runs × (%d ranks + %d environment workers) stepping every %s, leader killed after %s..%s (paused past its TTL every %drd cycle), seed %d\n",
-		cfg.cycles, cfg.coordinators, cfg.electionTTL, cfg.runs, cfg.ranks, cfg.envs, cfg.stepEvery, cfg.minUp, cfg.maxUp, pauseEvery, cfg.seed)
+	schedule := cfg.haSchedule
+	if len(schedule) == 0 {
+		schedule = haSchedule
+	}
+	fmt.Fprintf(out, "snapcrash --ha: %d cycles, 3 etcd members, %d coordinators (election TTL %s), %d runs × (%d ranks + %d environment workers) stepping every %s, after %s..%s of service cycling through %s, seed %d\n",
+		cfg.cycles, cfg.coordinators, cfg.electionTTL, cfg.runs, cfg.ranks, cfg.envs, cfg.stepEvery, cfg.minUp, cfg.maxUp, describeSchedule(schedule), cfg.seed)
 
 	etcd, err := etcdtest.Launch(ctx, filepath.Join(tmp, "etcd"), 3)
 	if err != nil {
@@ -164,7 +172,8 @@ func haLoop(ctx context.Context, cfg config, out io.Writer) (bool, error) {
 	}
 	defer f.close()
 
-	s := haSummary{summary: summary{lost: map[string]bool{}, unread: map[string]bool{}, failovers: true}, refusals: map[string]int{}}
+	s := haSummary{summary: summary{lost: map[string]bool{}, unread: map[string]bool{}, failovers: true}, refusals: map[string]int{},
+		stalls: map[cycleKind][]time.Duration{}}
 	for cycle := 1; cycle <= cfg.cycles; cycle++ {
 		up := cfg.minUp + time.Duration(rng.Int64N(int64(cfg.maxUp-cfg.minUp)+1))
 		if err := serveFor(ctx, up, f.runs); err != nil {
@@ -174,9 +183,15 @@ func haLoop(ctx context.Context, cfg config, out io.Writer) (bool, error) {
 		ackedAt := f.log.counts().writes()
 		var line string
 		var served time.Time
-		if cycle%pauseEvery == pauseEvery-1 {
+		kind := schedule[(cycle-1)%len(schedule)]
+		switch kind {
+		case cyclePause:
 			line, served, err = h.pauseCycle(ctx, admin, probe, cycle, &s)
-		} else {
+		case cycleFreeze:
+			line, served, err = h.freezeCycle(ctx, &s)
+		case cycleQuorum:
+			line, served, err = h.quorumCycle(ctx, etcd, rng)
+		default:
 			line, served, err = h.killCycle(ctx, &s)
 		}
 		if err != nil {
@@ -184,6 +199,7 @@ func haLoop(ctx context.Context, cfg config, out io.Writer) (bool, error) {
 		}
 		// From the new leader's SERVING: what the clients add to the failover.
 		resumed, silent, v := f.settle(ctx, admin, served, cfg.resumeTimeout, cycle, &s.summary)
+		s.stalls[kind] = append(s.stalls[kind], resumed)
 		state := "ok"
 		if len(v.lost) > 0 || len(v.unread) > 0 || len(silent) > 0 || strings.Contains(line, "FAILED") {
 			state = "FAILED"
@@ -198,9 +214,30 @@ func haLoop(ctx context.Context, cfg config, out io.Writer) (bool, error) {
 	return haReport(out, s), nil
 }
 
-// pauseEvery: every third cycle (the second, fifth, ...) pauses the leader
-// rather than killing it, so that a run of three cycles has one pause.
-const pauseEvery = 3
+// cycleKind is what a cycle does to the group.
+type cycleKind string
+
+const (
+	cycleKill   cycleKind = "SIGKILL"     // the leader killed and restarted
+	cyclePause  cycleKind = "SIGSTOP"     // the leader paused until another serves, sent writes, resumed
+	cycleFreeze cycleKind = "freeze"      // the leader paused 2× its TTL while the writers' snapshots are in flight
+	cycleQuorum cycleKind = "quorum loss" // two of the three etcd members paused for quorumOutage
+)
+
+// haSchedule is the cycles' order, repeated: a run of three cycles (CI)
+// kills, pauses and freezes the leader; one of five adds a quorum loss.
+var haSchedule = []cycleKind{cycleKill, cyclePause, cycleFreeze, cycleKill, cycleQuorum}
+
+func describeSchedule(kinds []cycleKind) string {
+	names := make([]string, len(kinds))
+	for i, k := range kinds {
+		names[i] = string(k)
+	}
+	return strings.Join(names, ", ")
+}
+
+// quorumOutage is how long a quorum-loss cycle keeps etcd without quorum.
+const quorumOutage = 3 * time.Second
 
 func startCoordinators(ctx context.Context, cfg config, bin, tmp string, endpoints []string) (*haCluster, error) {
 	h := &haCluster{ttl: cfg.electionTTL}
@@ -262,25 +299,11 @@ func (h *haCluster) pauseCycle(ctx context.Context, admin *client.Client, probe 
 		return "", time.Time{}, err
 	}
 	defer direct.Close()
-	wait, err := h.watchLeaders(ctx)
+	st, err := h.stopLeader(ctx)
 	if err != nil {
 		return "", time.Time{}, err
 	}
-	// Watched from before the resume: the step-down must show as a
-	// change away from SERVING.
-	oldHealth, err := old.WatchHealth(ctx, leaderService)
-	if err != nil {
-		return "", time.Time{}, err
-	}
-	paused := time.Now()
-	if err := syscall.Kill(old.Pid(), syscall.SIGSTOP); err != nil {
-		return "", time.Time{}, err
-	}
-	next, at, err := wait(h.failoverWait())
-	if err != nil {
-		_ = syscall.Kill(old.Pid(), syscall.SIGCONT)
-		return "", time.Time{}, err
-	}
+	next, at, oldHealth, paused := st.next, st.at, st.oldHealth, st.stopped
 	failover := at.Sub(paused)
 	s.pauses = append(s.pauses, failover)
 	answers := probe.send(ctx, direct, cycle)
@@ -319,6 +342,102 @@ func (h *haCluster) pauseCycle(ctx context.Context, admin *client.Client, probe 
 	}
 	return fmt.Sprintf("SIGSTOP for %5d ms, next leader SERVING in %5d ms; ex-leader acknowledged %d of %d writes, %d stored, %s (%s)",
 		stopped.Milliseconds(), failover.Milliseconds(), acked, probesPerPause+1, len(stored), deposed, verdict), at, nil
+}
+
+// stoppedLeader is a leader SIGSTOPped until another served.
+type stoppedLeader struct {
+	stopped time.Time
+	next    int       // the coordinator that took over
+	at      time.Time // when it reported SERVING
+	// oldHealth watches the stopped leader from before its stop: its
+	// step-down must show as a change away from SERVING.
+	oldHealth <-chan healthpb.HealthCheckResponse_ServingStatus
+}
+
+// stopLeader SIGSTOPs the leader and waits for another to serve (its
+// session lease must lapse first).
+func (h *haCluster) stopLeader(ctx context.Context) (stoppedLeader, error) {
+	old := h.procs[h.leader]
+	wait, err := h.watchLeaders(ctx)
+	if err != nil {
+		return stoppedLeader{}, err
+	}
+	var st stoppedLeader
+	if st.oldHealth, err = old.WatchHealth(ctx, leaderService); err != nil {
+		return stoppedLeader{}, err
+	}
+	st.stopped = time.Now()
+	if err := syscall.Kill(old.Pid(), syscall.SIGSTOP); err != nil {
+		return stoppedLeader{}, err
+	}
+	if st.next, st.at, err = wait(h.failoverWait()); err != nil {
+		_ = syscall.Kill(old.Pid(), syscall.SIGCONT)
+		return stoppedLeader{}, err
+	}
+	return st, nil
+}
+
+// freezeCycle SIGSTOPs the leader for twice its election TTL, as a long GC
+// pause or a frozen VM would, while the writers' snapshots are in flight
+// (every checkpoint issues one): the writers' calls sent to it sit in its
+// sockets until it runs again. Another coordinator must take over, the
+// ex-leader must step down once resumed, and every writer must go on; the
+// time the writers take after the next leader serves is the stall a freeze
+// costs them.
+func (h *haCluster) freezeCycle(ctx context.Context, s *haSummary) (string, time.Time, error) {
+	oldIndex := h.leader
+	old := h.procs[oldIndex]
+	st, err := h.stopLeader(ctx)
+	if err != nil {
+		return "", time.Time{}, err
+	}
+	next, at, oldHealth, frozen := st.next, st.at, st.oldHealth, st.stopped
+	s.freezes = append(s.freezes, at.Sub(frozen))
+	time.Sleep(time.Until(frozen.Add(2 * h.ttl))) // the freeze itself
+	if err := syscall.Kill(old.Pid(), syscall.SIGCONT); err != nil {
+		return "", time.Time{}, err
+	}
+	h.leader = next
+	deposed, err := h.awaitStepDown(ctx, oldIndex, oldHealth)
+	if err != nil {
+		return "", time.Time{}, err
+	}
+	if deposed == "" {
+		s.notDeposed++
+		deposed = "did NOT step down (FAILED)"
+	}
+	return fmt.Sprintf("frozen %5d ms, next leader SERVING in %5d ms; ex-leader %s", time.Since(frozen).Milliseconds(),
+		at.Sub(frozen).Milliseconds(), deposed), at, nil
+}
+
+// quorumCycle SIGSTOPs two of the three etcd members for quorumOutage: no
+// coordinator can commit, and no election lease can be renewed or expire.
+// Once they run again, the group must serve (the same leader, or another if
+// its session was given up meanwhile) and every writer go on; the time from
+// quorum's return is the stall.
+func (h *haCluster) quorumCycle(ctx context.Context, etcd *etcdtest.Cluster, rng *rand.Rand) (string, time.Time, error) {
+	keep := rng.IntN(etcd.Size())
+	var stopped []int
+	for i := range etcd.Size() {
+		if i != keep {
+			if err := etcd.Stop(i); err != nil {
+				return "", time.Time{}, err
+			}
+			stopped = append(stopped, i)
+		}
+	}
+	time.Sleep(quorumOutage) // the outage itself
+	for _, i := range stopped {
+		if err := etcd.Cont(i); err != nil {
+			return "", time.Time{}, err
+		}
+	}
+	back := time.Now()
+	if err := h.findLeader(ctx); err != nil {
+		return "", time.Time{}, err
+	}
+	return fmt.Sprintf("etcd quorum lost %5d ms (members %v paused), a leader SERVING %4d ms after", quorumOutage.Milliseconds(),
+		stopped, time.Since(back).Milliseconds()), back, nil
 }
 
 // awaitStepDown reads the resumed ex-leader's health watch until it
@@ -486,6 +605,12 @@ func haReport(out io.Writer, s haSummary) bool {
 	ok := printSummary(out, s.summary)
 	fmt.Fprintf(out, "failover after SIGKILL: %s\n", fmtFailovers(s.kills))
 	fmt.Fprintf(out, "failover after SIGSTOP: %s\n", fmtFailovers(s.pauses))
+	fmt.Fprintf(out, "failover after freeze:  %s\n", fmtFailovers(s.freezes))
+	for _, k := range []cycleKind{cycleKill, cyclePause, cycleFreeze, cycleQuorum} {
+		if d := s.stalls[k]; len(d) > 0 {
+			fmt.Fprintf(out, "writers resumed after %-11s %s (from the next leader's SERVING, or quorum's return)\n", string(k)+":", fmtFailovers(d))
+		}
+	}
 	var how []string
 	for r, n := range s.refusals {
 		how = append(how, fmt.Sprintf("%d %s", n, r))

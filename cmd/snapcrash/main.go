@@ -69,6 +69,8 @@ type config struct {
 	ha           bool
 	coordinators int
 	electionTTL  time.Duration
+	// haSchedule overrides the cycles' order (tests); empty: haSchedule.
+	haSchedule []cycleKind
 }
 
 func parseFlags(args []string, stderr io.Writer) (config, error) {
@@ -88,7 +90,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.DurationVar(&c.resumeTimeout, "resume-timeout", time.Minute, "how long every writer has to make progress after a restart")
 	fs.DurationVar(&c.stepEvery, "step-every", 0, "pace the trainer ranks: a step at most this often (0: back to back). Every cycle verifies every write so far while the writers go on: unpaced, on a store slower to read back than to write (etcd), the writes between cycles, and each verification, grow several-fold a cycle")
 	fs.BoolVar(&c.injectLoss, "inject-loss", false, "self-test: after the first kill, delete one acknowledged snapshot report from the data file; the loop must then report it lost and fail")
-	fs.BoolVar(&c.ha, "ha", false, "the HA loop: a 3-member etcd cluster on loopback, --coordinators coordinators on one prefix; kill the leader (pause it past its election TTL every third cycle) instead of the one bbolt coordinator")
+	fs.BoolVar(&c.ha, "ha", false, "the HA loop: a 3-member etcd cluster on loopback, --coordinators coordinators on one prefix; kill the leader, pause it past its election TTL, freeze it 2x its TTL or take etcd's quorum away for 3s, in turn, instead of killing the one bbolt coordinator")
 	fs.IntVar(&c.coordinators, "coordinators", 3, "with --ha: coordinators sharing the etcd prefix")
 	fs.DurationVar(&c.electionTTL, "election-ttl", 5*time.Second, "with --ha: the coordinators' --election-ttl")
 	if err := fs.Parse(args); err != nil {

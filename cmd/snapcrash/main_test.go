@@ -129,6 +129,28 @@ func TestHALoopPasses(t *testing.T) {
 	}
 }
 
+// The gray cycles: the leader frozen 2× its TTL while snapshots are in
+// flight, and etcd without quorum for 3 s, lose nothing, the writers go
+// on, the frozen ex-leader steps down, and the stalls are reported.
+func TestHALoopGrayCycles(t *testing.T) {
+	etcdtest.Require(t)
+	cfg := shortLoop(false)
+	cfg.ha, cfg.coordinators, cfg.electionTTL = true, 3, 2*time.Second
+	cfg.haSchedule = []cycleKind{cycleFreeze, cycleQuorum}
+	var out bytes.Buffer
+	ok, err := haLoop(t.Context(), cfg, &out)
+	if err != nil || !ok {
+		t.Fatalf("haLoop = %v, %v; want a pass:\n%s", ok, err, &out)
+	}
+	for _, want := range []string{"cycles:               2", "writes lost:          0", "failover after freeze:  p50 ",
+		"writers resumed after freeze:", "writers resumed after quorum loss:", "0 did not step down", "PASS"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, &out)
+		}
+	}
+	t.Log(out.String())
+}
+
 // A write a deposed leader acknowledged, or one found stored, fails the HA
 // loop even with no acknowledged write lost; so does a leader that never
 // stepped down.

@@ -41,8 +41,13 @@ type Gate struct {
 // term is one period of leadership with its engine.
 type term struct {
 	eng *engine.Engine
-	ctx context.Context // cancelled with errDeposed when the term ends
-	end context.CancelCauseFunc
+	// hold says whether the term is still held: a coordinator that was
+	// paused (or cut off from etcd) past its lease may have been replaced
+	// before it notices, and must then answer nothing from its memory.
+	// nil: held for good (a store of its own).
+	hold Hold
+	ctx  context.Context // cancelled with errDeposed when the term ends
+	end  context.CancelCauseFunc
 	// calls are those let through in this term; StepDown waits for them.
 	calls sync.WaitGroup
 }
@@ -53,13 +58,23 @@ func New(health func(leading bool)) *Gate {
 	return &Gate{health: health}
 }
 
+// Hold proves a term is still held.
+type Hold interface {
+	// Held reports, at once, whether the term is known to be held now.
+	Held() bool
+	// Confirm asks the store whether it is, waiting for its answer until
+	// ctx ends; false when the term is over or no answer came.
+	Confirm(ctx context.Context) bool
+}
+
 // Lead opens the gate on eng for a term this coordinator won; self is the
-// address clients reach it at.
-func (g *Gate) Lead(eng *engine.Engine, self string) {
+// address clients reach it at. hold proves the term is still held (see
+// term.hold); nil for a coordinator alone on its store.
+func (g *Gate) Lead(eng *engine.Engine, self string, hold Hold) {
 	ctx, end := context.WithCancelCause(context.Background())
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.term, g.leader = &term{eng: eng, ctx: ctx, end: end}, self
+	g.term, g.leader = &term{eng: eng, ctx: ctx, end: end, hold: hold}, self
 	if g.ending {
 		eng.EndLongCalls()
 	}
@@ -175,6 +190,12 @@ func (t *term) bind(parent context.Context) (context.Context, func()) {
 	}
 }
 
+// confirmed reports whether the term is held now: known to be, or
+// confirmed by the store (see Hold).
+func (t *term) confirmed(ctx context.Context) bool {
+	return t.hold == nil || t.hold.Held() || t.hold.Confirm(ctx)
+}
+
 // over reports whether the term ended, or is ending because the store
 // refused a commit of its engine (another coordinator took over; this one
 // steps down within moments). A failed call of such a term is answered
@@ -195,8 +216,18 @@ func (g *Gate) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 		}
 		ctx, done := t.bind(ctx)
 		defer done()
+		if !t.confirmed(ctx) {
+			// This coordinator may have been replaced already.
+			return nil, transport.NotLeader("")
+		}
 		resp, err := handler(ctx, req)
-		if err != nil && t.over() {
+		if err != nil && t.over() || !t.confirmed(ctx) {
+			// An answer given after the term may have passed to another
+			// coordinator could come from this one's stale memory (a
+			// read, a heartbeat's lease renewal): unless the store
+			// confirms the term, it is withheld, and the client asks the
+			// leader. (A write committed before the term lapsed is
+			// durable; its retry finds it.)
 			return nil, g.refused()
 		}
 		return resp, err
@@ -217,6 +248,9 @@ func (g *Gate) StreamServerInterceptor() grpc.StreamServerInterceptor {
 		}
 		ctx, done := t.bind(ss.Context())
 		defer done()
+		if !t.confirmed(ctx) {
+			return transport.NotLeader("")
+		}
 		wrapped := middleware.WrapServerStream(ss)
 		wrapped.WrappedContext = ctx
 		err := handler(srv, wrapped)

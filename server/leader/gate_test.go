@@ -2,7 +2,9 @@ package leader
 
 import (
 	"context"
+	"errors"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -91,7 +93,7 @@ func TestLeaderServesWithItsTermsEngine(t *testing.T) {
 	var leading []bool
 	g := New(func(l bool) { leading = append(leading, l) })
 	eng := newEngine(t)
-	g.Lead(eng, "10.0.0.1:7070")
+	g.Lead(eng, "10.0.0.1:7070", nil)
 	g.Follow("10.0.0.2:7070") // stale news while leading: ignored
 	var got *engine.Engine
 	err := unaryCall(g, createRun, func(ctx context.Context, _ any) (any, error) { got = g.For(ctx); return nil, nil })
@@ -118,7 +120,7 @@ func TestLeaderServesWithItsTermsEngine(t *testing.T) {
 // after no call of its term can still use it.
 func TestStepDownEndsCallsInFlightFirst(t *testing.T) {
 	g := New(func(bool) {})
-	g.Lead(newEngine(t), "10.0.0.1:7070")
+	g.Lead(newEngine(t), "10.0.0.1:7070", nil)
 	entered := make(chan struct{})
 	var returned atomic.Bool
 	errc := make(chan error, 1)
@@ -140,7 +142,7 @@ func TestStepDownEndsCallsInFlightFirst(t *testing.T) {
 
 func TestStreamOfAnEndedTermIsRefused(t *testing.T) {
 	g := New(func(bool) {})
-	g.Lead(newEngine(t), "10.0.0.1:7070")
+	g.Lead(newEngine(t), "10.0.0.1:7070", nil)
 	entered := make(chan struct{})
 	errc := make(chan error, 1)
 	info := &grpc.StreamServerInfo{FullMethod: "/snapcoord.v1.WorkerService/StreamCommands", IsServerStream: true}
@@ -162,3 +164,46 @@ type fakeStream struct {
 }
 
 func (f fakeStream) Context() context.Context { return f.ctx }
+
+// A leader paused past its election lease may have been replaced before
+// it notices: an answer its handler gave from memory once the term can no
+// longer be confirmed (a heartbeat's renewal, a read) is withheld and the
+// call answered NOT_LEADER, and a call arriving then is not let in.
+func TestAnswerAfterTheTermLapsedIsWithheld(t *testing.T) {
+	g := New(func(bool) {})
+	held := &fakeHold{}
+	held.Store(true)
+	g.Lead(newEngine(t), "10.0.0.1:7070", held)
+	paused := func(context.Context, any) (any, error) {
+		held.Store(false) // the process stopped here, and its lease lapsed
+		return "renewed from memory", nil
+	}
+	wantNotLeader(t, unaryCall(g, heartbeat, paused), "")
+
+	ran := false
+	wantNotLeader(t, unaryCall(g, heartbeat, func(context.Context, any) (any, error) { ran = true; return nil, nil }), "")
+	if ran {
+		t.Fatal("a call was let into a term not known to be held")
+	}
+	if _, err := g.ListRuns(context.Background(), nil); !errors.Is(err, engine.ErrUnavailable) || !strings.Contains(err.Error(), "cannot confirm that it still leads") {
+		t.Fatalf("a status page read in a lapsed term: %v; want ErrUnavailable saying leadership is unconfirmed", err)
+	}
+
+	held.confirms.Store(true) // etcd renews it after all: a short pause, or quorum back
+	if err := unaryCall(g, heartbeat, func(context.Context, any) (any, error) { return nil, nil }); err != nil {
+		t.Fatalf("a call whose term the store confirmed: %v", err)
+	}
+	held.Store(true)
+	if err := unaryCall(g, heartbeat, func(context.Context, any) (any, error) { return nil, nil }); err != nil {
+		t.Fatalf("a call once the lease was renewed: %v", err)
+	}
+}
+
+// fakeHold is a term's Hold: Held as stored, Confirm as confirms.
+type fakeHold struct {
+	atomic.Bool
+	confirms atomic.Bool
+}
+
+func (h *fakeHold) Held() bool                   { return h.Load() }
+func (h *fakeHold) Confirm(context.Context) bool { return h.confirms.Load() }

@@ -45,18 +45,36 @@ func (g *Gate) Healthy() error {
 	return nil
 }
 
-// notLeading is what the status page's reads get while following.
-func (g *Gate) notLeading() error {
-	addr, _ := g.Leader()
-	if addr == "" {
-		addr = "unknown"
+// fresh is the current engine while its term is known to be held: the
+// status page's reads come from memory, which a coordinator that may have
+// been replaced must not show as the state of the runs.
+func (g *Gate) fresh() *engine.Engine {
+	g.mu.Lock()
+	t := g.term
+	g.mu.Unlock()
+	if t == nil || t.hold != nil && !t.hold.Held() {
+		return nil
 	}
-	return &engine.Error{Kind: engine.ErrUnavailable, Msg: "this coordinator follows; the leader is at " + addr}
+	return t.eng
+}
+
+// notLeading is what the status page's reads get while following, or
+// while leading a term not known to be held (see term.held).
+func (g *Gate) notLeading() error {
+	addr, self := g.Leader()
+	msg := "this coordinator follows; the leader is at " + addr
+	switch {
+	case self:
+		msg = "this coordinator cannot confirm that it still leads (its election lease may have lapsed); it steps down or renews within moments"
+	case addr == "":
+		msg = "this coordinator follows; electing a leader"
+	}
+	return &engine.Error{Kind: engine.ErrUnavailable, Msg: msg}
 }
 
 // ListRuns is the current engine's (statuspage.Runs).
 func (g *Gate) ListRuns(ctx context.Context, req *v1.ListRunsRequest) (*v1.ListRunsResponse, error) {
-	if e := g.Current(); e != nil {
+	if e := g.fresh(); e != nil {
 		return e.ListRuns(ctx, req)
 	}
 	return nil, g.notLeading()
@@ -64,7 +82,7 @@ func (g *Gate) ListRuns(ctx context.Context, req *v1.ListRunsRequest) (*v1.ListR
 
 // GetRun is the current engine's (statuspage.Runs).
 func (g *Gate) GetRun(ctx context.Context, req *v1.GetRunRequest) (*v1.GetRunResponse, error) {
-	if e := g.Current(); e != nil {
+	if e := g.fresh(); e != nil {
 		return e.GetRun(ctx, req)
 	}
 	return nil, g.notLeading()
@@ -72,7 +90,7 @@ func (g *Gate) GetRun(ctx context.Context, req *v1.GetRunRequest) (*v1.GetRunRes
 
 // WatchRun is the current engine's (statuspage.Runs).
 func (g *Gate) WatchRun(ctx context.Context, req *v1.WatchRunRequest, send func(*v1.RunEvent) error) error {
-	if e := g.Current(); e != nil {
+	if e := g.fresh(); e != nil {
 		return e.WatchRun(ctx, req, send)
 	}
 	return g.notLeading()
@@ -80,7 +98,7 @@ func (g *Gate) WatchRun(ctx context.Context, req *v1.WatchRunRequest, send func(
 
 // ListWorkers is the current engine's (statuspage.Runs).
 func (g *Gate) ListWorkers(ctx context.Context, req *v1.ListWorkersRequest) (*v1.ListWorkersResponse, error) {
-	if e := g.Current(); e != nil {
+	if e := g.fresh(); e != nil {
 		return e.ListWorkers(ctx, req)
 	}
 	return nil, g.notLeading()
@@ -88,7 +106,7 @@ func (g *Gate) ListWorkers(ctx context.Context, req *v1.ListWorkersRequest) (*v1
 
 // ListSnapshots is the current engine's (statuspage.Runs).
 func (g *Gate) ListSnapshots(ctx context.Context, req *v1.ListSnapshotsRequest) (*v1.ListSnapshotsResponse, error) {
-	if e := g.Current(); e != nil {
+	if e := g.fresh(); e != nil {
 		return e.ListSnapshots(ctx, req)
 	}
 	return nil, g.notLeading()

@@ -17,6 +17,7 @@ import (
 	"log/slog"
 	"net/http"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -55,6 +56,19 @@ type Options struct {
 	// LeaseTTL is the coordinator's --lease-ttl: a worker's last heartbeat
 	// is its lease's end minus it. 0: the page shows the lease's end.
 	LeaseTTL time.Duration
+	// Leader says who leads the coordinator's group; nil: this one, always.
+	Leader func() Leader
+}
+
+// Leader is who leads a group of coordinators on etcd, as the page's
+// coordinator knows it.
+type Leader struct {
+	// Self: this coordinator leads (or is alone on its store).
+	Self bool
+	// Known: another coordinator leads; PageURL is the base URL of its
+	// status page, "" if it published none.
+	Known   bool
+	PageURL string
 }
 
 // Page is the status page's http.Handler: "/" lists the runs, "/runs/{id}"
@@ -90,7 +104,29 @@ func (p *Page) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Cache-Control", "no-store")
 	w.Header().Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; img-src 'self'")
+	if p.opts.Leader != nil {
+		if l := p.opts.Leader(); !l.Self {
+			p.elsewhere(w, r, l)
+			return
+		}
+	}
 	p.mux.ServeHTTP(w, r)
+}
+
+// elsewhere answers on a follower: a redirect to the same page on the
+// leader, or, while there is none to send to, a 503 that says why and
+// reloads itself. The leader's gRPC address is never given: it is no page.
+func (p *Page) elsewhere(w http.ResponseWriter, r *http.Request, l Leader) {
+	if l.Known && l.PageURL != "" {
+		http.Redirect(w, r, l.PageURL+r.URL.Path, http.StatusTemporaryRedirect)
+		return
+	}
+	msg := "this coordinator follows, and no coordinator leads yet: electing a leader; this page reloads"
+	if l.Known {
+		msg = "this coordinator follows; the leader publishes no status page address (give it --advertise-http, or a --metrics-listen others can reach)"
+	}
+	w.Header().Set("Refresh", strconv.Itoa(int(p.opts.Refresh/time.Second)))
+	http.Error(w, msg, http.StatusServiceUnavailable)
 }
 
 // credential reads a viewer or admin token from "Authorization: Bearer <token>"

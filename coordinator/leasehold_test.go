@@ -1,0 +1,56 @@
+package coordinator
+
+import (
+	"testing"
+	"time"
+
+	"github.com/snapcoord/snapcoord/internal/etcdtest"
+)
+
+// A leader that wakes from a pause past its lease's known bound asks etcd
+// before it answers: a lease still alive (a short pause, or a quorum loss,
+// during which etcd expires nothing) is confirmed and renewed; a lease etcd
+// no longer knows (another coordinator may lead) is not, and the term ends.
+func TestLeaseHoldAfterAPause(t *testing.T) {
+	etcd := etcdtest.Start(t, 1)
+	cli, err := etcd.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	h := newLeaseHold(cli, 2*time.Second)
+	lease, err := cli.Grant(t.Context(), 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lost := make(chan struct{})
+	h.lease, h.lost = lease.ID, func() { close(lost) }
+	if h.Held() {
+		t.Fatal("held before any grant or renewal was recorded")
+	}
+	if !h.Confirm(t.Context()) || !h.Held() {
+		t.Fatal("a live lease was not confirmed")
+	}
+
+	pause := func() { h.mu.Lock(); h.until = time.Now().Add(-time.Second); h.mu.Unlock() }
+	pause()
+	if h.Held() {
+		t.Fatal("held past the bound of its last renewal")
+	}
+	if !h.Confirm(t.Context()) || !h.Held() {
+		t.Fatal("a lease that outlived a short pause was not confirmed")
+	}
+
+	if _, err := cli.Revoke(t.Context(), lease.ID); err != nil { // as if it had expired
+		t.Fatal(err)
+	}
+	pause()
+	if h.Confirm(t.Context()) || h.Held() {
+		t.Fatal("a lease etcd no longer knows was confirmed")
+	}
+	select {
+	case <-lost:
+	default:
+		t.Fatal("the term was not ended when etcd no longer knew its lease")
+	}
+}

@@ -78,7 +78,8 @@ func (g *Gate) Follow(leader string) {
 
 // StepDown ends the current term: health turns NOT_SERVING and the gate
 // refuses new calls first, then the calls of the term are cancelled (they
-// end UNAVAILABLE with NOT_LEADER) and StepDown waits for them to return.
+// end UNAVAILABLE with NOT_LEADER, or OUTCOME_UNKNOWN if their change was
+// still waiting on the store) and StepDown waits for them to return.
 // It returns the term's engine, for the caller to close, or nil if this
 // coordinator did not lead.
 func (g *Gate) StepDown() *engine.Engine {
@@ -178,7 +179,8 @@ func (t *term) bind(parent context.Context) (context.Context, func()) {
 // over reports whether the term ended, or is ending because the store
 // refused a commit of its engine (another coordinator took over; this one
 // steps down within moments). A failed call of such a term is answered
-// NOT_LEADER, whatever the engine said about the cancellation or refusal.
+// NOT_LEADER, whatever the engine said about the cancellation or refusal,
+// unless its change may still commit (answered): see answer.
 func (t *term) over() bool {
 	return t.ctx.Err() != nil || errors.Is(t.eng.Healthy(), store.ErrFenced)
 }
@@ -197,10 +199,23 @@ func (g *Gate) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 		defer done()
 		resp, err := handler(ctx, req)
 		if err != nil && t.over() {
-			return nil, g.refused()
+			return nil, g.answer(err)
 		}
 		return resp, err
 	}
+}
+
+// answer is the answer to a call that failed in a term that is over: err
+// itself if it says that the call's change may still commit (the term
+// ended while the commit waited on the store; a fence may still refuse
+// it, or it may land), since NOT_LEADER would tell the client that the
+// call did nothing; NOT_LEADER otherwise, the call having changed nothing
+// or been refused by the fence.
+func (g *Gate) answer(err error) error {
+	if transport.Reason(err) == transport.ReasonOutcomeUnknown {
+		return err
+	}
+	return g.refused()
 }
 
 // StreamServerInterceptor gates RunService and WorkerService streams. A

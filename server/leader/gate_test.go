@@ -2,9 +2,12 @@ package leader
 
 import (
 	"context"
+	"log/slog"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -12,7 +15,9 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 	"github.com/snapcoord/snapcoord/server/engine"
+	"github.com/snapcoord/snapcoord/server/transport"
 	"github.com/snapcoord/snapcoord/store"
 )
 
@@ -37,9 +42,10 @@ func newEngine(t *testing.T) *engine.Engine {
 }
 
 const (
-	createRun = "/snapcoord.v1.RunService/CreateRun"
-	heartbeat = "/snapcoord.v1.WorkerService/Heartbeat"
-	healthChk = "/grpc.health.v1.Health/Check"
+	createRun       = "/snapcoord.v1.RunService/CreateRun"
+	triggerDeadline = "/snapcoord.v1.RunService/TriggerDeadline"
+	heartbeat       = "/snapcoord.v1.WorkerService/Heartbeat"
+	healthChk       = "/grpc.health.v1.Health/Check"
 )
 
 // wantNotLeader checks err is UNAVAILABLE with the NOT_LEADER detail
@@ -162,3 +168,64 @@ type fakeStream struct {
 }
 
 func (f fakeStream) Context() context.Context { return f.ctx }
+
+// A call whose change is committing when the term ends is answered
+// OUTCOME_UNKNOWN, not NOT_LEADER: the commit may still land (on etcd, a
+// transaction waiting out a quorum loss does, unless a successor's fence
+// refuses it). Here it lands, on a real engine behind the real transport.
+func TestStepDownAnswersACommitInFlightOutcomeUnknown(t *testing.T) {
+	var holding atomic.Bool
+	held, release := make(chan struct{}), make(chan struct{})
+	db, err := store.Open(filepath.Join(t.TempDir(), "snapcoord.db"), store.Options{OnCommit: func(int, time.Duration) {
+		if holding.CompareAndSwap(true, false) {
+			close(held)
+			<-release
+		}
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eng, err := engine.New(t.Context(), db, engine.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var released sync.Once
+	unhold := func() { released.Do(func() { close(release) }) }
+	t.Cleanup(func() {
+		unhold()
+		eng.Close()
+		_ = db.Close()
+	})
+	g := New(func(bool) {})
+	g.Lead(eng, "10.0.0.1:7070")
+	runs := transport.NewRunServer(g, slog.New(slog.DiscardHandler))
+	call := func(method string, h func(ctx context.Context) error) error {
+		return unaryCall(g, method, func(ctx context.Context, _ any) (any, error) { return nil, h(ctx) })
+	}
+	if err := call(createRun, func(ctx context.Context) error {
+		_, err := runs.CreateRun(ctx, &v1.CreateRunRequest{RunId: "r", Spec: &v1.RunSpec{TrainerWorldSize: 1}})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+
+	holding.Store(true)
+	errc := make(chan error, 1)
+	go func() {
+		errc <- call(triggerDeadline, func(ctx context.Context) error {
+			_, err := runs.TriggerDeadline(ctx, &v1.TriggerDeadlineRequest{RunId: "r"})
+			return err
+		})
+	}()
+	<-held
+	g.StepDown()
+	err = <-errc
+	if st := status.Convert(err); st.Code() != codes.Unavailable || transport.Reason(err) != transport.ReasonOutcomeUnknown {
+		t.Fatalf("a trigger committing when the term ended: %v; want UNAVAILABLE OUTCOME_UNKNOWN", err)
+	}
+	unhold()
+	run, err := eng.GetRun(t.Context(), &v1.GetRunRequest{RunId: "r"})
+	if err != nil || run.Run.FiredAt == nil {
+		t.Fatalf("the trigger's commit: %v, %v; want it landed", run.GetRun(), err)
+	}
+}

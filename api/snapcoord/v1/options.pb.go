@@ -84,7 +84,21 @@ func (Credential) EnumDescriptor() ([]byte, []int) {
 type RpcFacts struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Safe to repeat when the reply was lost: the clients retry it on
-	// UNAVAILABLE. The RPC's option says why a repeat does no harm.
+	// UNAVAILABLE. The RPC's option says why a repeat does no harm, and a
+	// repeat of a call that took effect answers as the first would have.
+	//
+	// Two UNAVAILABLE answers carry a google.rpc.ErrorInfo (domain
+	// snapcoord.v1) that says what happened to the call:
+	// reason NOT_LEADER: the call was refused before it did anything (a
+	// follower, or a leader whose term had ended or whose commit the fence
+	// refused); metadata "leader" is the leader's address, "" if unknown. Any
+	// RPC may be repeated, retry_safe or not.
+	// reason OUTCOME_UNKNOWN: the call's change was made but its commit was
+	// not confirmed when the call had to be answered (its deadline came
+	// first, the coordinator lost its leadership while the commit waited on
+	// etcd, or etcd's answer was lost); it may still take effect. The clients
+	// repeat a retry_safe RPC, whose repeat answers what the first attempt
+	// did; any other is reported to the caller as of unknown outcome.
 	RetrySafe bool `protobuf:"varint,1,opt,name=retry_safe,json=retrySafe,proto3" json:"retry_safe,omitempty"`
 	// May stay open for a long time (a stream that follows, or a long poll):
 	// the server ends it at shutdown with UNAVAILABLE, and the client resumes

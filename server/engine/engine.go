@@ -289,7 +289,7 @@ func (e *Engine) mutateRun(ctx context.Context, r *runState, fn func(m *mut) err
 func (e *Engine) settle(ctx context.Context, m *mut, p, own *store.Pending) error {
 	err := e.wait(ctx, p)
 	if err != nil && own != nil {
-		err = e.outcome(ctx, own, err)
+		err = e.outcome(ctx, own)
 	}
 	switch {
 	case err == nil:
@@ -305,14 +305,14 @@ func (e *Engine) settle(ctx context.Context, m *mut, p, own *store.Pending) erro
 }
 
 // outcome is the answer to a call whose own changes are in p when waiting
-// for the run's commits failed with err. A commit refused by the fence (a
+// for the run's commits failed. A commit refused by the fence (a
 // successor leads) or never attempted (the store closed) certainly did not
-// apply: err stands, and the gate answers NOT_LEADER. One that committed as
+// apply: the gate answers NOT_LEADER. One that committed as
 // the wait ended is a success. Otherwise the change may still land (the
 // caller's deadline or the term's end came first: an etcd transaction
 // waiting out a quorum loss is still retried; or the store gave up on a
 // transaction whose answer was lost).
-func (e *Engine) outcome(ctx context.Context, p *store.Pending, err error) error {
+func (e *Engine) outcome(ctx context.Context, p *store.Pending) error {
 	select {
 	case <-p.Done():
 	default:
@@ -320,15 +320,16 @@ func (e *Engine) outcome(ctx context.Context, p *store.Pending, err error) error
 			Msg: "the change was made but its commit was not confirmed before " + unconfirmedWhy(ctx) +
 				"; it may still take effect: repeat the same call to learn the outcome"}
 	}
-	switch cerr := p.Err(); {
-	case cerr == nil:
+	cerr := p.Err()
+	if cerr == nil {
 		return nil
-	case errors.Is(cerr, store.ErrFenced), errors.Is(cerr, store.ErrClosed):
-		return err
-	default:
-		return &Error{Kind: ErrUnavailable, Reason: ReasonOutcomeUnknown,
-			Msg: unusable(cerr).Error() + "; this call's change may or may not have been stored: repeat the same call to learn the outcome"}
 	}
+	e.fail(cerr) // as wait does, should the call's context have ended first
+	if errors.Is(cerr, store.ErrFenced) || errors.Is(cerr, store.ErrClosed) {
+		return unusable(cerr)
+	}
+	return &Error{Kind: ErrUnavailable, Reason: ReasonOutcomeUnknown,
+		Msg: unusable(cerr).Error() + "; this call's change may or may not have been stored: repeat the same call to learn the outcome"}
 }
 
 // unconfirmedWhy says what ended the wait of a call whose commit is still

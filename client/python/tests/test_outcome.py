@@ -25,6 +25,7 @@ class UnknownOutcomeProxy:
 
     def __init__(self, upstream: str) -> None:
         self.unknown: dict[str, int] = {}
+        self.down = False  # every call after an unknown one: UNAVAILABLE, not forwarded
         self.calls: dict[str, int] = {}
         self._lock = threading.Lock()
         self._upstream = grpc.insecure_channel(upstream)
@@ -41,6 +42,8 @@ class UnknownOutcomeProxy:
             lose = self.unknown.get(name, 0) > 0
             if lose:
                 self.unknown[name] -= 1
+            elif self.down:
+                context.abort(grpc.StatusCode.UNAVAILABLE, "proxy: the coordinator is unreachable")
         call = self._upstream.unary_unary(method, request_serializer=lambda b: b, response_deserializer=lambda b: b)
         metadata = [(k, v) for k, v in context.invocation_metadata() if k == "authorization"]
         try:
@@ -105,3 +108,19 @@ def test_unknown_outcome_of_a_call_not_safe_to_repeat_is_raised(coordinator: Coo
             c.call(c.runs.ReissueRunToken, run_service_pb2.ReissueRunTokenRequest(run_id="run-a"))
         assert isinstance(raised.value, snapcoord.UnavailableError) and raised.value.reason == "OUTCOME_UNKNOWN"
         assert proxy.calls["ReissueRunToken"] == 1
+
+
+def test_unknown_outcome_is_raised_when_the_retries_settle_nothing(coordinator: Coordinator, proxy: UnknownOutcomeProxy) -> None:
+    """The repeats of a call answered OUTCOME_UNKNOWN meet only an
+    unreachable coordinator: the call raises OutcomeUnknownError (the change
+    may have been made), not the last attempt's plain UnavailableError."""
+    coordinator.admin().create_run("run-a", run_spec(1, budget="00:01:00:00"))
+    policy = snapcoord.RetryPolicy(max_attempts=3, base_delay=0.01, max_delay=0.01)
+    with snapcoord.connect(proxy.addr, timeout=10.0, retry=policy, env={}) as c:
+        proxy.unknown["CancelRun"] = 1
+        proxy.down = True
+        with pytest.raises(snapcoord.OutcomeUnknownError):
+            c.call(c.runs.CancelRun, run_service_pb2.CancelRunRequest(run_id="run-a", reason="drain"))
+        assert proxy.calls["CancelRun"] == 3
+    proxy.down = False
+    assert coordinator.admin().get_run("run-a").state == snapcoord.RunState.CANCELLED

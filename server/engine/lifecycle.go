@@ -20,6 +20,9 @@ func (e *Engine) createRun(ctx context.Context, req *v1.CreateRunRequest) (*v1.C
 	if err := e.usable(); err != nil {
 		return nil, err
 	}
+	if err := ctx.Err(); err != nil {
+		return nil, err // as mutateRun: a call that ended (its term did) changes nothing
+	}
 	// A repeat is judged against the run as created (createAgain): the
 	// checks below are relative to now and to today's limits, which a run
 	// created earlier need not meet again.

@@ -64,4 +64,11 @@ func TestUnconfirmedCommitIsAnsweredOutcomeUnknown(t *testing.T) {
 	if h.get("untouched").FiredAt != nil {
 		t.Fatal("a call that had ended before it began changed the run")
 	}
+	_, err = h.e.CreateRun(ctx, &v1.CreateRunRequest{RunId: "never", Spec: &v1.RunSpec{TrainerWorldSize: 1}})
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("a CreateRun whose call had ended before it began: %v; want its context's error", err)
+	}
+	if _, err := h.e.GetRun(h.ctx, &v1.GetRunRequest{RunId: "never"}); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("GetRun of a run whose CreateRun had ended before it began: %v; want NOT_FOUND", err)
+	}
 }

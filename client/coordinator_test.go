@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -136,14 +137,18 @@ func dialList(t *testing.T, list, runToken string, opts ...client.Option) *clien
 
 // gate sits in front of the coordinator's handlers.
 type gate struct {
-	mu            sync.Mutex
-	calls         map[string]int    // by method name ("GetRun")
-	auth          map[string]string // the last authorization header, by method name
-	failNext      map[string]int    // calls still to fail with UNAVAILABLE, by method name
-	loseReply     map[string]int    // calls still to run whose answer is then lost (UNAVAILABLE), by method name
-	rejectStreams bool              // StreamCommands answers UNIMPLEMENTED
-	streamed      chan struct{}     // closed at the first StreamCommands
-	partitioned   bool              // Heartbeat and RegisterWorker answer UNAVAILABLE
+	mu        sync.Mutex
+	calls     map[string]int    // by method name ("GetRun")
+	auth      map[string]string // the last authorization header, by method name
+	failNext  map[string]int    // calls still to fail with UNAVAILABLE, by method name
+	loseReply map[string]int    // calls still to run whose answer is then lost (UNAVAILABLE), by method name
+	// unknownOutcome counts calls still to run that are then answered
+	// UNAVAILABLE OUTCOME_UNKNOWN, as by a coordinator that lost its
+	// leadership while their commit waited, by method name.
+	unknownOutcome map[string]int
+	rejectStreams  bool          // StreamCommands answers UNIMPLEMENTED
+	streamed       chan struct{} // closed at the first StreamCommands
+	partitioned    bool          // Heartbeat and RegisterWorker answer UNAVAILABLE
 	// registerRefused is closed at the first RegisterWorker the partition
 	// refused: a worker has presumed its lease lost.
 	registerRefused chan struct{}
@@ -154,7 +159,7 @@ type gate struct {
 
 func newGate() *gate {
 	return &gate{calls: map[string]int{}, auth: map[string]string{}, failNext: map[string]int{}, loseReply: map[string]int{},
-		streamed: make(chan struct{}), registerRefused: make(chan struct{})}
+		unknownOutcome: map[string]int{}, streamed: make(chan struct{}), registerRefused: make(chan struct{})}
 }
 
 func (g *gate) admit(ctx context.Context, fullMethod string) error {
@@ -195,6 +200,12 @@ func (g *gate) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h
 	if g.loseReply[name] > 0 {
 		g.loseReply[name]--
 		return nil, status.Error(codes.Unavailable, "gate: the answer was lost")
+	}
+	if g.unknownOutcome[name] > 0 {
+		g.unknownOutcome[name]--
+		st, _ := status.New(codes.Unavailable, "gate: the commit was not confirmed").WithDetails(
+			&errdetails.ErrorInfo{Reason: "OUTCOME_UNKNOWN", Domain: "snapcoord.v1"})
+		return nil, st.Err()
 	}
 	if g.alter != nil && err == nil {
 		g.alter(name, resp)

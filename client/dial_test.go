@@ -40,12 +40,12 @@ func TestRetriesOnlyIdempotentCalls(t *testing.T) {
 	}
 
 	// Not safe to repeat: one attempt, and the caller sees the error.
-	co.gate.set(func(g *gate) { g.failNext["TriggerDeadline"] = 1 })
-	if _, err := admin.Runs.TriggerDeadline(ctx, &v1.TriggerDeadlineRequest{RunId: "r1"}); status.Code(err) != codes.Unavailable {
-		t.Errorf("TriggerDeadline = %v, want the UNAVAILABLE unretried", err)
+	co.gate.set(func(g *gate) { g.failNext["ReissueRunToken"] = 1 })
+	if _, err := admin.Runs.ReissueRunToken(ctx, &v1.ReissueRunTokenRequest{RunId: "r1"}); status.Code(err) != codes.Unavailable {
+		t.Errorf("ReissueRunToken = %v, want the UNAVAILABLE unretried", err)
 	}
-	if tr := co.gate.count("TriggerDeadline"); tr != 1 {
-		t.Errorf("TriggerDeadline calls = %d, want 1", tr)
+	if tr := co.gate.count("ReissueRunToken"); tr != 1 {
+		t.Errorf("ReissueRunToken calls = %d, want 1", tr)
 	}
 
 	// CreateRun whose answer was lost: the retry gets a new token for the

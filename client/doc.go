@@ -74,10 +74,15 @@
 // or a leader serving after a failover), so a call goes through within
 // milliseconds of that, not a backoff later. Safe to repeat are reads, UpdateDeadline, CancelRun,
 // RegisterWorker, Heartbeat, DeregisterWorker, CompleteStep and every
-// report, because the coordinator deduplicates them, and CreateRun, whose
-// repeat before any worker registered gets a new run token (the one in a
-// lost reply stops working). TriggerDeadline is not retried: a retry
-// after a lost reply could report "already fired" for a call that worked.
+// report, because the coordinator deduplicates them, TriggerDeadline,
+// whose repeat with the same reason answers OK with the trigger it made,
+// and CreateRun, whose repeat before any worker registered gets a new run
+// token (the one in a lost reply stops working). ReissueRunToken is not
+// retried on a plain UNAVAILABLE. A coordinator that could not confirm a
+// change's commit answers UNAVAILABLE with reason OUTCOME_UNKNOWN
+// (OutcomeUnknown): the change may still take effect. The calls safe to
+// repeat are repeated, which resolves it; any other fails with it, as does
+// a call whose later attempts got no answer that settles it.
 // Streams are resumed from their last sequence number instead of re-sent.
 // A worker re-opens its command stream (or polls again) with the policy's
 // backoff but at most 1 s apart, and at once when the connection comes up

@@ -76,15 +76,37 @@ func dialTarget(addr string) (string, []grpc.DialOption, error) {
 // empty when none is known.
 const reasonNotLeader = "NOT_LEADER"
 
+// reasonOutcomeUnknown is the ErrorInfo reason of a call whose change was
+// made but whose commit the coordinator could not confirm before answering:
+// it may still take effect.
+const reasonOutcomeUnknown = "OUTCOME_UNKNOWN"
+
+// OutcomeUnknown reports whether err says that the call's change may or
+// may not have taken effect (UNAVAILABLE with reason OUTCOME_UNKNOWN): the
+// coordinator lost its leadership or its etcd quorum while the commit
+// waited, or the call's deadline came first. The client repeats the calls
+// that are safe to repeat, whose repeat answers what the first attempt
+// did, so a caller sees it only from a call that is not (ReissueRunToken)
+// or whose retries ran out; asking again (GetRun) tells what happened.
+func OutcomeUnknown(err error) bool { return errorInfo(err).GetReason() == reasonOutcomeUnknown }
+
+// errorInfo is the ErrorInfo of snapcoord's domain in err's status, or nil.
+func errorInfo(err error) *errdetails.ErrorInfo {
+	for _, d := range status.Convert(err).Details() {
+		if info, isInfo := d.(*errdetails.ErrorInfo); isInfo && info.GetDomain() == errorDomain {
+			return info
+		}
+	}
+	return nil
+}
+
 // NotLeader reports whether err is a follower's refusal (UNAVAILABLE with
 // reason NOT_LEADER), and the leader it named ("" if it knew none). The
 // follower refused the call before doing anything, so any call, whatever
 // its method, can be made again.
 func NotLeader(err error) (leader string, ok bool) {
-	for _, d := range status.Convert(err).Details() {
-		if info, isInfo := d.(*errdetails.ErrorInfo); isInfo && info.GetDomain() == errorDomain && info.GetReason() == reasonNotLeader {
-			return info.GetMetadata()["leader"], true
-		}
+	if info := errorInfo(err); info.GetReason() == reasonNotLeader {
+		return info.GetMetadata()["leader"], true
 	}
 	return "", false
 }

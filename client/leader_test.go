@@ -69,7 +69,7 @@ func TestSeveralAddressesReachTheLeader(t *testing.T) {
 
 // A follower that still reports SERVING (a deposed leader that has not
 // noticed yet) refuses calls with NOT_LEADER: the client makes them again,
-// even those it never retries otherwise (TriggerDeadline), since the
+// even those it never retries otherwise (ReissueRunToken), since the
 // follower did nothing. Alone in the list, it fails after the policy's
 // attempts, and the error names the leader.
 func TestCallsRefusedAsNotLeaderAreRetried(t *testing.T) {
@@ -80,23 +80,23 @@ func TestCallsRefusedAsNotLeaderAreRetried(t *testing.T) {
 	// few runs some calls meet the follower.
 	for i := 0; f.Calls() == 0; i++ {
 		if i == 50 {
-			t.Fatal("50 runs created and deadlines triggered, and none of the calls reached the follower")
+			t.Fatal("50 runs created and their tokens reissued, and none of the calls reached the follower")
 		}
 		id := fmt.Sprintf("r%d", i)
 		if _, err := admin.Runs.CreateRun(t.Context(), &v1.CreateRunRequest{RunId: id, Spec: turnSpec(1)}); err != nil {
 			t.Fatalf("CreateRun(%s): %v", id, err)
 		}
-		if _, err := admin.Runs.TriggerDeadline(t.Context(), &v1.TriggerDeadlineRequest{RunId: id}); err != nil {
-			t.Fatalf("TriggerDeadline(%s): %v", id, err)
+		if _, err := admin.Runs.ReissueRunToken(t.Context(), &v1.ReissueRunTokenRequest{RunId: id}); err != nil {
+			t.Fatalf("ReissueRunToken(%s): %v", id, err)
 		}
 	}
 
 	alone := dialList(t, f.Addr(), "", client.WithRetry(client.RetryPolicy{MaxAttempts: 3, Base: time.Millisecond, Max: time.Millisecond}))
 	before := f.Calls()
-	_, err := alone.Runs.TriggerDeadline(t.Context(), &v1.TriggerDeadlineRequest{RunId: "r0"})
+	_, err := alone.Runs.ReissueRunToken(t.Context(), &v1.ReissueRunTokenRequest{RunId: "r0"})
 	leader, ok := client.NotLeader(err)
 	if status.Code(err) != codes.Unavailable || !ok || leader != co.addr {
-		t.Fatalf("TriggerDeadline on a follower alone: %v (NotLeader %q, %v); want UNAVAILABLE naming the leader %s", err, leader, ok, co.addr)
+		t.Fatalf("ReissueRunToken on a follower alone: %v (NotLeader %q, %v); want UNAVAILABLE naming the leader %s", err, leader, ok, co.addr)
 	}
 	if got := f.Calls() - before; got != 3 {
 		t.Errorf("the follower got %d attempts, want the policy's 3", got)

@@ -72,36 +72,62 @@ func (p RetryPolicy) followWait(failures uint) time.Duration {
 var retried = rpcfacts.Set(rpcfacts.RetrySafe)
 
 // unaryInterceptor retries, with the policy, the unary calls that are safe
-// to make again: those in retried on every UNAVAILABLE, and every other call
-// that a follower refused (NotLeader), since it refused it before doing
-// anything, so a repeat cannot do twice what was done once. Between
-// attempts it waits as pause does: the backoff, cut short when the
+// to make again: those in retried on every UNAVAILABLE (OutcomeUnknown
+// among them: the repeat answers what the first attempt did), and every
+// other call that a follower refused (NotLeader), since it refused it
+// before doing anything, so a repeat cannot do twice what was done once.
+// Between attempts it waits as pause does: the backoff, cut short when the
 // connection gets a coordinator to send the call to.
+//
+// Once an attempt's outcome was unknown, a call that ends without an
+// answer from a later attempt (retries run out, or its context ends) fails
+// with that OutcomeUnknown error, not the last one: the change may still
+// have taken effect, and a bare UNAVAILABLE, NOT_LEADER or
+// DEADLINE_EXCEEDED would say otherwise.
 func (p RetryPolicy) unaryInterceptor() grpc.UnaryClientInterceptor {
 	if p.MaxAttempts <= 1 {
 		return passUnary
 	}
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 		once := slices.ContainsFunc(opts, func(o grpc.CallOption) bool { _, ok := o.(noRetryOption); return ok })
+		var unknown error // the first attempt whose outcome was unknown
 		for attempt := uint(1); ; attempt++ {
 			err := invoker(ctx, method, req, reply, cc, opts...)
+			if unknown == nil && OutcomeUnknown(err) {
+				unknown = err
+			}
 			if err == nil || once || attempt >= p.MaxAttempts || !retriable(method, err) {
-				return err
+				return stillUnknown(unknown, err)
 			}
 			if !pause(ctx, cc, p.backoff(attempt)) {
-				return status.FromContextError(ctx.Err()).Err()
+				return stillUnknown(unknown, status.FromContextError(ctx.Err()).Err())
 			}
 		}
 	}
 }
 
-// retriable reports whether method may be made again after failing with err.
+// retriable reports whether method may be made again after failing with
+// err: a retry_safe method after any UNAVAILABLE, any method after
+// NOT_LEADER; never after OUTCOME_UNKNOWN unless retry_safe.
 func retriable(method string, err error) bool {
 	if retried[method] {
 		return status.Code(err) == codes.Unavailable
 	}
 	_, ok := NotLeader(err)
 	return ok
+}
+
+// stillUnknown is a call's final error err, or unknown (an earlier
+// attempt's OutcomeUnknown) if err is no answer that settles it: one that
+// says the call did nothing or ended unanswered.
+func stillUnknown(unknown, err error) error {
+	switch status.Code(err) {
+	case codes.Unavailable, codes.DeadlineExceeded, codes.Canceled:
+		if unknown != nil {
+			return unknown
+		}
+	}
+	return err
 }
 
 // pause waits d before a failed attempt is made again, or less: until the

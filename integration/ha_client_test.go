@@ -99,8 +99,8 @@ func TestClientFollowsTheLeaderAcrossAFailover(t *testing.T) {
 	t.Logf("report answered %v after the kill, %v after the next leader served",
 		time.Since(killed).Round(time.Millisecond), time.Since(served).Round(time.Millisecond))
 
-	// TriggerDeadline is not retried on UNAVAILABLE: a read that is waits
-	// until the client sees the new leader serve.
+	// A read first, retried on UNAVAILABLE: it waits until the client sees
+	// the new leader serve.
 	if _, err := admin.Runs.GetRun(ctx, &v1.GetRunRequest{RunId: "follow"}); err != nil {
 		t.Fatalf("GetRun after the failover: %v", err)
 	}

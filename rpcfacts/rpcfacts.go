@@ -90,3 +90,6 @@ func LongPoll(m Method) bool { return m.Facts.GetLongLived() && !m.Streaming }
 
 // Routine keeps the RPCs every worker calls every few seconds.
 func Routine(m Method) bool { return m.Facts.GetRoutine() }
+
+// ReadOnly keeps the RPCs that change nothing the coordinator keeps.
+func ReadOnly(m Method) bool { return m.Facts.GetReadOnly() }

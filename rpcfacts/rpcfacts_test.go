@@ -50,7 +50,7 @@ func TestSetsFromTheProto(t *testing.T) {
 		in   []string
 		out  []string
 	}{
-		{"RetrySafe", Set(RetrySafe), []string{v1.RunService_GetRun_FullMethodName, poll}, []string{v1.RunService_TriggerDeadline_FullMethodName, stream}},
+		{"RetrySafe", Set(RetrySafe), []string{v1.RunService_GetRun_FullMethodName, poll}, []string{v1.RunService_ReissueRunToken_FullMethodName, stream}},
 		{"LongLived", Set(LongLived), []string{poll, stream, v1.RunService_WatchRun_FullMethodName}, []string{v1.WorkerService_Heartbeat_FullMethodName}},
 		{"LongPoll", Set(LongPoll), []string{poll}, []string{stream}},
 		{"Routine", Set(Routine), []string{poll, v1.WorkerService_Heartbeat_FullMethodName}, []string{v1.WorkerService_CompleteStep_FullMethodName}},

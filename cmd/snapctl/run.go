@@ -93,7 +93,9 @@ Exit status:
   4   conflict or wrong state: the run exists (run create shows a token only
       once), the deadline already fired, the run is over; sidecar: another
       process registered under the worker's name
-  5   the coordinator is unreachable, shutting down, or did not answer in time
+  5   the coordinator is unreachable, shutting down, or did not answer in
+      time; or the change's commit was not confirmed (it may still take
+      effect: run the same command again to learn the outcome)
   6   authentication or permission: missing or wrong token
   7   invalid input: rejected by the coordinator, or a bad YAML file, time or
       Slurm variable

@@ -399,9 +399,72 @@ func TestUpdateDeadlineRunning(t *testing.T) {
 	if a := h.stepAll("r", ranks, 2, 600); a != v1.StepAction_STEP_ACTION_SAVE_AND_STOP {
 		t.Fatalf("step 2 with B moved to t0 + 30m: %v", a)
 	}
-	// Once fired, B can no longer move.
+	// Once fired, B can no longer move; the same B again (a repeat whose
+	// first answer was lost) is OK and changes nothing.
 	_, err := h.e.UpdateDeadline(h.ctx, &v1.UpdateDeadlineRequest{RunId: "r", CheckpointMustSaveBy: "00:20:00:00"})
 	wantErr(t, err, ErrFailedPrecondition, "no longer")
+	updates := len(h.eventsOf("r", v1.RunEventType_RUN_EVENT_TYPE_DEADLINE_UPDATED))
+	resp, err := h.e.UpdateDeadline(h.ctx, &v1.UpdateDeadlineRequest{RunId: "r", CheckpointMustSaveBy: "00:00:30:00"})
+	if err != nil || !resp.Run.Deadline.MustSaveBy.AsTime().Equal(t0.Add(30*time.Minute)) {
+		t.Fatalf("the same B again once fired: %v, %v; want OK with B = t0 + 30m", resp.GetRun().GetDeadline(), err)
+	}
+	if n := len(h.eventsOf("r", v1.RunEventType_RUN_EVENT_TYPE_DEADLINE_UPDATED)); n != updates {
+		t.Fatalf("the same B again logged %d more DEADLINE_UPDATED events", n-updates)
+	}
+}
+
+// A TriggerDeadline repeated with the same reason (its first answer lost, or
+// of unknown outcome) answers OK with the run the trigger changed, pending,
+// fired, after the run ended and across a restart, never "already fired":
+// the clients retry it. Another reason is another trigger.
+func TestTriggerDeadlineRepeatAnswersAsTheFirst(t *testing.T) {
+	h := newHarness(t)
+	h.create("r", turnSpec(1, "01:00:00:00"))
+	ranks := h.trainers("r", 1)
+	envs := h.envs("r", 1)
+	h.step("r", ranks[0], 1, 10)
+	trigger := func(reason string) (*v1.Run, error) {
+		resp, err := h.e.TriggerDeadline(h.ctx, &v1.TriggerDeadlineRequest{RunId: "r", Reason: reason})
+		return resp.GetRun(), err
+	}
+	if _, err := trigger("drain"); err != nil {
+		t.Fatal(err)
+	}
+	if run, err := trigger("drain"); err != nil || run.Deadline.TriggerPending != "drain" {
+		t.Fatalf("repeat while pending: %v, %v", run.GetDeadline(), err)
+	}
+	h.step("r", ranks[0], 2, 10)
+	fired := h.wantState("r", v1.RunState_RUN_STATE_SAVING)
+	wantFiredBy := func(when string, run *v1.Run, err error) {
+		t.Helper()
+		if err != nil || !run.FiredAt.AsTime().Equal(fired.FiredAt.AsTime()) || run.FireKind != v1.DeadlineFireKind_DEADLINE_FIRE_KIND_MANUAL {
+			t.Fatalf("the same trigger again %s: %v, %v; want OK with the fire at %v", when, run, err, fired.FiredAt.AsTime())
+		}
+	}
+	run, err := trigger("drain")
+	wantFiredBy("once fired", run, err)
+	_, err = trigger("another cause")
+	wantErr(t, err, ErrFailedPrecondition, "already fired")
+	if n := len(h.eventsOf("r", v1.RunEventType_RUN_EVENT_TYPE_DEADLINE_FIRED)); n != 1 {
+		t.Fatalf("%d DEADLINE_FIRED events", n)
+	}
+
+	h.checkpoint("r", ranks, 2, v1.CheckpointPhase_CHECKPOINT_PHASE_SAVED, 5)
+	cmd := h.saveAtDeadline("r", envs...)
+	h.reportAll("r", envs, cmd.SnapshotId, v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SAVED)
+	h.wantState("r", v1.RunState_RUN_STATE_STOPPED)
+	h.restart()
+	run, err = trigger("drain")
+	wantFiredBy("after the run stopped and a restart", run, err)
+
+	// A deadline fired by B is no trigger's: a trigger then is refused.
+	h.create("by-b", turnSpec(1, "00:00:01:00"))
+	h.advance(time.Minute, "by-b")
+	if h.get("by-b").FiredAt == nil {
+		t.Fatal("the deadline of by-b did not fire at B")
+	}
+	_, err = h.e.TriggerDeadline(h.ctx, &v1.TriggerDeadlineRequest{RunId: "by-b"})
+	wantErr(t, err, ErrFailedPrecondition, "already fired")
 }
 
 // TriggerDeadline after a step: the next step saves and stops (kind
@@ -474,7 +537,7 @@ func TestTriggerDeadlineBeforeFirstStep(t *testing.T) {
 	if d := h.step("r", ranks[0], 1, 10); d.Action != v1.StepAction_STEP_ACTION_STOP {
 		t.Fatalf("first step after a pre-step trigger: %v", d.Action)
 	}
-	_, err := h.e.TriggerDeadline(h.ctx, &v1.TriggerDeadlineRequest{RunId: "r"})
+	_, err := h.e.TriggerDeadline(h.ctx, &v1.TriggerDeadlineRequest{RunId: "r", Reason: "another cause"})
 	wantErr(t, err, ErrFailedPrecondition, "already fired")
 	h.reportAll("r", envs, cmd.SnapshotId, v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SAVED)
 	h.wantState("r", v1.RunState_RUN_STATE_STOPPED)

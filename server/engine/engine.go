@@ -260,24 +260,37 @@ func (e *Engine) mutateRun(ctx context.Context, r *runState, fn func(m *mut) err
 		r.mu.Unlock()
 		return err
 	}
+	// A call whose context ended while it waited for the run (its term
+	// ended, or its caller gave up) is refused before it changes anything:
+	// its answer can then say that it did nothing.
+	if err := ctx.Err(); err != nil {
+		r.mu.Unlock()
+		return err
+	}
 	m := &mut{e: e, r: r, now: e.clk.Now()}
 	err := fn(m)
-	m.flush()
+	own := m.flush()
 	last := r.last
 	r.mu.Unlock()
-	if werr := e.settle(ctx, m, last); werr != nil {
+	if werr := e.settle(ctx, m, last, own); werr != nil {
 		return werr
 	}
 	return err
 }
 
-// settle waits for the commit of a call's changes, then reports what they
-// did to the Observer, before the caller hears back. A caller that stops
-// waiting (its context ended) does not stop the changes: they still become
-// durable, and then they still count, or a decision or a fire that a
-// retry finds stored would never be counted at all.
-func (e *Engine) settle(ctx context.Context, m *mut, p *store.Pending) error {
+// settle waits for the commit of a call's changes (own, nil if it made none;
+// p, the run's latest commit, follows it), then reports what they did to the
+// Observer, before the caller hears back. A caller that stops waiting (its
+// context ended) does not stop the changes: they still become durable, and
+// then they still count, or a decision or a fire that a retry finds stored
+// would never be counted at all. Such a caller, and one whose commit failed
+// without the store knowing whether it applied, is answered
+// ReasonOutcomeUnknown (see outcome).
+func (e *Engine) settle(ctx context.Context, m *mut, p, own *store.Pending) error {
 	err := e.wait(ctx, p)
+	if err != nil && own != nil {
+		err = e.outcome(ctx, own)
+	}
 	switch {
 	case err == nil:
 		m.observed(ctx)
@@ -289,6 +302,47 @@ func (e *Engine) settle(ctx context.Context, m *mut, p *store.Pending) error {
 		}()
 	}
 	return err
+}
+
+// outcome is the answer to a call whose own changes are in p when waiting
+// for the run's commits failed. A commit refused by the fence (a
+// successor leads) or never attempted (the store closed) certainly did not
+// apply: the gate answers NOT_LEADER. One that committed as
+// the wait ended is a success. Otherwise the change may still land (the
+// caller's deadline or the term's end came first: an etcd transaction
+// waiting out a quorum loss is still retried; or the store gave up on a
+// transaction whose answer was lost).
+func (e *Engine) outcome(ctx context.Context, p *store.Pending) error {
+	select {
+	case <-p.Done():
+	default:
+		return &Error{Kind: ErrUnavailable, Reason: ReasonOutcomeUnknown,
+			Msg: "the change was made but its commit was not confirmed before " + unconfirmedWhy(ctx) +
+				"; it may still take effect: repeat the same call to learn the outcome"}
+	}
+	cerr := p.Err()
+	if cerr == nil {
+		return nil
+	}
+	e.fail(cerr) // as wait does, should the call's context have ended first
+	if errors.Is(cerr, store.ErrFenced) || errors.Is(cerr, store.ErrClosed) {
+		return unusable(cerr)
+	}
+	return &Error{Kind: ErrUnavailable, Reason: ReasonOutcomeUnknown,
+		Msg: unusable(cerr).Error() + "; this call's change may or may not have been stored: repeat the same call to learn the outcome"}
+}
+
+// unconfirmedWhy says what ended the wait of a call whose commit is still
+// pending.
+func unconfirmedWhy(ctx context.Context) string {
+	switch cause := context.Cause(ctx); {
+	case errors.Is(cause, context.DeadlineExceeded):
+		return "the call's deadline"
+	case cause == nil, errors.Is(cause, context.Canceled):
+		return "the call ended"
+	default:
+		return "the call ended (" + cause.Error() + ")"
+	}
 }
 
 // view runs fn under the run's lock without changing anything, then waits

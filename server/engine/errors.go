@@ -27,6 +27,16 @@ var (
 // register again (two processes would take turns superseding each other).
 const ReasonWorkerSuperseded = "WORKER_SUPERSEDED"
 
+// ReasonOutcomeUnknown is the Reason (kind ErrUnavailable) of a call whose
+// change was handed to the store but whose commit was not confirmed when the
+// call had to be answered: its context ended first (the caller's deadline, or
+// the term ended as the coordinator lost its leadership) or the store failed
+// without saying whether the write applied (an etcd transaction whose answer
+// was lost). The change may still take effect. Unlike NOT_LEADER (refused
+// before anything was done), only a call that is safe to repeat may be
+// repeated blindly; the repeat answers what the first attempt did.
+const ReasonOutcomeUnknown = "OUTCOME_UNKNOWN"
+
 // Error is a domain error whose message is safe to show a client: it names
 // the field or the object concerned and never carries internal detail.
 // Reason, when set, is a machine-readable cause a client acts on.

@@ -20,6 +20,9 @@ func (e *Engine) createRun(ctx context.Context, req *v1.CreateRunRequest) (*v1.C
 	if err := e.usable(); err != nil {
 		return nil, err
 	}
+	if err := ctx.Err(); err != nil {
+		return nil, err // as mutateRun: a call that ended (its term did) changes nothing
+	}
 	// A repeat is judged against the run as created (createAgain): the
 	// checks below are relative to now and to today's limits, which a run
 	// created earlier need not meet again.
@@ -65,10 +68,10 @@ func (e *Engine) createRun(ctx context.Context, req *v1.CreateRunRequest) (*v1.C
 	e.mu.Unlock()
 	m := &mut{e: e, r: r, now: now}
 	m.start()
-	m.flush()
+	own := m.flush()
 	view, last := r.view(), r.last
 	r.mu.Unlock()
-	if err := e.settle(ctx, m, last); err != nil {
+	if err := e.settle(ctx, m, last, own); err != nil {
 		return nil, err
 	}
 	return &v1.CreateRunResponse{Run: view, RunToken: token}, nil
@@ -251,6 +254,11 @@ func (e *Engine) updateDeadline(ctx context.Context, req *v1.UpdateDeadlineReque
 		if err != nil {
 			return err
 		}
+		if cur, ok := r.mustSaveBy(); ok && cur.Equal(b) {
+			// Already B: a repeat (its first answer lost) answers as the
+			// first did, even once the deadline fired.
+			return nil
+		}
 		if r.terminal() || r.fired() {
 			return errorf(ErrFailedPrecondition, "run %q: the deadline can no longer be moved (run is %s)", r.id, stateName(r.state()))
 		}
@@ -271,14 +279,18 @@ func (e *Engine) updateDeadline(ctx context.Context, req *v1.UpdateDeadlineReque
 func (e *Engine) triggerDeadline(ctx context.Context, req *v1.TriggerDeadlineRequest) (*v1.Run, error) {
 	err := e.mutate(ctx, req.RunId, func(m *mut) error {
 		r := m.r
-		if r.terminal() || r.fired() {
-			return errorf(ErrFailedPrecondition, "run %q: the deadline already fired or the run is over (run is %s)", r.id, stateName(r.state()))
-		}
 		reason := oneLine(req.Reason)
 		if reason == "" {
 			reason = "triggered by an operator"
 		}
+		if triggeredBy(r, reason) {
+			return nil // a repeat, its first answer lost: answered as the first was
+		}
+		if r.terminal() || r.fired() {
+			return errorf(ErrFailedPrecondition, "run %q: the deadline already fired or the run is over (run is %s)", r.id, stateName(r.state()))
+		}
 		if r.rec.Run.LastStep == 0 {
+			r.rec.ManualFireReason = reason
 			m.fire(v1.DeadlineFireKind_DEADLINE_FIRE_KIND_MANUAL, 0, reason)
 			m.startDeadlineSave(0)
 		} else if !r.rec.ManualFirePending {
@@ -293,6 +305,18 @@ func (e *Engine) triggerDeadline(ctx context.Context, req *v1.TriggerDeadlineReq
 		return nil, err
 	}
 	return e.viewRun(ctx, req.RunId)
+}
+
+// triggeredBy reports whether the run's deadline was triggered by hand with
+// reason, pending or fired: the natural key of a TriggerDeadline, so that a
+// repeat whose first attempt took effect (its answer lost, or its outcome
+// unknown) answers OK rather than "already fired". The reason is kept once
+// the trigger fired (terminate clears only a pending one).
+func triggeredBy(r *runState, reason string) bool {
+	if r.rec.ManualFireReason != reason {
+		return false
+	}
+	return r.rec.ManualFirePending || r.fired() && r.rec.Run.FireKind == v1.DeadlineFireKind_DEADLINE_FIRE_KIND_MANUAL
 }
 
 func (e *Engine) cancelRun(ctx context.Context, req *v1.CancelRunRequest) (*v1.Run, error) {

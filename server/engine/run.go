@@ -250,21 +250,24 @@ func (m *mut) dirty() { m.runDirty = true }
 
 func (m *mut) observe(f func(context.Context)) { m.after = append(m.after, f) }
 
-// flush submits what the mutation changed. Called with the run locked.
-func (m *mut) flush() {
+// flush submits what the mutation changed, and returns its pending commit
+// (nil if it changed nothing). Called with the run locked.
+func (m *mut) flush() *store.Pending {
 	r := m.r
 	if m.runDirty {
 		m.log().trimEvents()
 		r.rec.Run.Deadline = m.e.deadlineView(r)
 		m.b.PutRun(r.rec)
 	}
-	if m.b.Len() > 0 {
-		p := m.e.st.Submit(&m.b)
-		r.last = p
-		if m.notify != (wake{}) {
-			go m.e.publish(r, p, r.rec.LastCommandSeq, r.rec.Run.LastEventSeq, m.notify)
-		}
+	if m.b.Len() == 0 {
+		return nil
 	}
+	p := m.e.st.Submit(&m.b)
+	r.last = p
+	if m.notify != (wake{}) {
+		go m.e.publish(r, p, r.rec.LastCommandSeq, r.rec.Run.LastEventSeq, m.notify)
+	}
+	return p
 }
 
 // observed makes the mutation's observer calls. Called once the run is

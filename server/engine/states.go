@@ -213,7 +213,9 @@ func (m *mut) terminate(s v1.RunState, reason string) {
 	m.log().event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_STATE_CHANGED, State: s,
 		Message: stateName(s) + ": " + reason})
 	m.r.rec.Run.EndedAt = m.ts()
-	m.r.rec.ManualFirePending, m.r.rec.ManualFireReason = false, "" // a trigger waiting for a step that never comes
+	if m.r.rec.ManualFirePending { // a trigger waiting for a step that never comes; a fired one keeps its reason (triggeredBy)
+		m.r.rec.ManualFirePending, m.r.rec.ManualFireReason = false, ""
+	}
 	m.log().command(v1.WorkerRole_WORKER_ROLE_UNSPECIFIED, &v1.Command{Kind: &v1.Command_Stop{
 		Stop: &v1.StopCommand{Reason: stateName(s) + ": " + reason}}})
 	for k := range m.r.timers {

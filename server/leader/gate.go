@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+	"github.com/snapcoord/snapcoord/rpcfacts"
 	"github.com/snapcoord/snapcoord/server/engine"
 	"github.com/snapcoord/snapcoord/server/transport"
 	"github.com/snapcoord/snapcoord/store"
@@ -93,7 +94,8 @@ func (g *Gate) Follow(leader string) {
 
 // StepDown ends the current term: health turns NOT_SERVING and the gate
 // refuses new calls first, then the calls of the term are cancelled (they
-// end UNAVAILABLE with NOT_LEADER) and StepDown waits for them to return.
+// end UNAVAILABLE with NOT_LEADER, or OUTCOME_UNKNOWN if their change was
+// still waiting on the store) and StepDown waits for them to return.
 // It returns the term's engine, for the caller to close, or nil if this
 // coordinator did not lead.
 func (g *Gate) StepDown() *engine.Engine {
@@ -199,7 +201,8 @@ func (t *term) confirmed(ctx context.Context) bool {
 // over reports whether the term ended, or is ending because the store
 // refused a commit of its engine (another coordinator took over; this one
 // steps down within moments). A failed call of such a term is answered
-// NOT_LEADER, whatever the engine said about the cancellation or refusal.
+// NOT_LEADER, whatever the engine said about the cancellation or refusal,
+// unless its change may still commit (answered): see answer.
 func (t *term) over() bool {
 	return t.ctx.Err() != nil || errors.Is(t.eng.Healthy(), store.ErrFenced)
 }
@@ -221,17 +224,47 @@ func (g *Gate) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 			return nil, transport.NotLeader("")
 		}
 		resp, err := handler(ctx, req)
-		if err != nil && t.over() || !t.confirmed(ctx) {
+		if err != nil && t.over() {
+			return nil, g.answer(err)
+		}
+		if !t.confirmed(ctx) {
 			// An answer given after the term may have passed to another
 			// coordinator could come from this one's stale memory (a
 			// read, a heartbeat's lease renewal): unless the store
 			// confirms the term, it is withheld, and the client asks the
-			// leader. (A write committed before the term lapsed is
-			// durable; its retry finds it.)
-			return nil, g.refused()
+			// leader.
+			return nil, g.withheld(info.FullMethod, err)
 		}
 		return resp, err
 	}
+}
+
+// readOnly are the RPCs that change nothing the coordinator keeps.
+var readOnly = rpcfacts.Set(rpcfacts.ReadOnly)
+
+// withheld answers a call whose term could not be confirmed once its
+// handler was done. A change the handler made was committed through the
+// fence, so it may be stored: its caller hears OUTCOME_UNKNOWN and repeats
+// it at the leader. A read, or a call its handler refused (which changed
+// nothing), is refused NOT_LEADER as any call of a lapsed term.
+func (g *Gate) withheld(method string, err error) error {
+	if err != nil || readOnly[method] {
+		return g.answer(err)
+	}
+	return transport.OutcomeUnknown("this coordinator cannot confirm that it still leads (it was paused): its answer is withheld, and the change may be stored: repeat the call at the leader")
+}
+
+// answer is the answer to a call that failed in a term that is over: err
+// itself if it says that the call's change may still commit (the term
+// ended while the commit waited on the store; a fence may still refuse
+// it, or it may land), since NOT_LEADER would tell the client that the
+// call did nothing; NOT_LEADER otherwise, the call having changed nothing
+// or been refused by the fence.
+func (g *Gate) answer(err error) error {
+	if transport.Reason(err) == transport.ReasonOutcomeUnknown {
+		return err
+	}
+	return g.refused()
 }
 
 // StreamServerInterceptor gates RunService and WorkerService streams. A

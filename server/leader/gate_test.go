@@ -3,10 +3,13 @@ package leader
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -14,7 +17,9 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 	"github.com/snapcoord/snapcoord/server/engine"
+	"github.com/snapcoord/snapcoord/server/transport"
 	"github.com/snapcoord/snapcoord/store"
 )
 
@@ -39,9 +44,11 @@ func newEngine(t *testing.T) *engine.Engine {
 }
 
 const (
-	createRun = "/snapcoord.v1.RunService/CreateRun"
-	heartbeat = "/snapcoord.v1.WorkerService/Heartbeat"
-	healthChk = "/grpc.health.v1.Health/Check"
+	createRun       = "/snapcoord.v1.RunService/CreateRun"
+	triggerDeadline = "/snapcoord.v1.RunService/TriggerDeadline"
+	heartbeat       = "/snapcoord.v1.WorkerService/Heartbeat"
+	getRun          = "/snapcoord.v1.RunService/GetRun"
+	healthChk       = "/grpc.health.v1.Health/Check"
 )
 
 // wantNotLeader checks err is UNAVAILABLE with the NOT_LEADER detail
@@ -167,8 +174,9 @@ func (f fakeStream) Context() context.Context { return f.ctx }
 
 // A leader paused past its election lease may have been replaced before
 // it notices: an answer its handler gave from memory once the term can no
-// longer be confirmed (a heartbeat's renewal, a read) is withheld and the
-// call answered NOT_LEADER, and a call arriving then is not let in.
+// longer be confirmed is withheld (a read's is NOT_LEADER; a call that may
+// have changed something, as a heartbeat that brought a LOST worker back
+// does, is OUTCOME_UNKNOWN), and a call arriving then is not let in.
 func TestAnswerAfterTheTermLapsedIsWithheld(t *testing.T) {
 	g := New(func(bool) {})
 	held := &fakeHold{}
@@ -176,9 +184,14 @@ func TestAnswerAfterTheTermLapsedIsWithheld(t *testing.T) {
 	g.Lead(newEngine(t), "10.0.0.1:7070", held)
 	paused := func(context.Context, any) (any, error) {
 		held.Store(false) // the process stopped here, and its lease lapsed
-		return "renewed from memory", nil
+		return "answered from memory", nil
 	}
-	wantNotLeader(t, unaryCall(g, heartbeat, paused), "")
+	err := unaryCall(g, heartbeat, paused)
+	if st := status.Convert(err); st.Code() != codes.Unavailable || transport.Reason(err) != transport.ReasonOutcomeUnknown {
+		t.Fatalf("a heartbeat answered after the lease lapsed: %v; want UNAVAILABLE OUTCOME_UNKNOWN", err)
+	}
+	held.Store(true)
+	wantNotLeader(t, unaryCall(g, getRun, paused), "")
 
 	ran := false
 	wantNotLeader(t, unaryCall(g, heartbeat, func(context.Context, any) (any, error) { ran = true; return nil, nil }), "")
@@ -207,3 +220,64 @@ type fakeHold struct {
 
 func (h *fakeHold) Held() bool                   { return h.Load() }
 func (h *fakeHold) Confirm(context.Context) bool { return h.confirms.Load() }
+
+// A call whose change is committing when the term ends is answered
+// OUTCOME_UNKNOWN, not NOT_LEADER: the commit may still land (on etcd, a
+// transaction waiting out a quorum loss does, unless a successor's fence
+// refuses it). Here it lands, on a real engine behind the real transport.
+func TestStepDownAnswersACommitInFlightOutcomeUnknown(t *testing.T) {
+	var holding atomic.Bool
+	held, release := make(chan struct{}), make(chan struct{})
+	db, err := store.Open(filepath.Join(t.TempDir(), "snapcoord.db"), store.Options{OnCommit: func(int, time.Duration) {
+		if holding.CompareAndSwap(true, false) {
+			close(held)
+			<-release
+		}
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eng, err := engine.New(t.Context(), db, engine.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var released sync.Once
+	unhold := func() { released.Do(func() { close(release) }) }
+	t.Cleanup(func() {
+		unhold()
+		eng.Close()
+		_ = db.Close()
+	})
+	g := New(func(bool) {})
+	g.Lead(eng, "10.0.0.1:7070", nil)
+	runs := transport.NewRunServer(g, slog.New(slog.DiscardHandler))
+	call := func(method string, h func(ctx context.Context) error) error {
+		return unaryCall(g, method, func(ctx context.Context, _ any) (any, error) { return nil, h(ctx) })
+	}
+	if err := call(createRun, func(ctx context.Context) error {
+		_, err := runs.CreateRun(ctx, &v1.CreateRunRequest{RunId: "r", Spec: &v1.RunSpec{TrainerWorldSize: 1}})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+
+	holding.Store(true)
+	errc := make(chan error, 1)
+	go func() {
+		errc <- call(triggerDeadline, func(ctx context.Context) error {
+			_, err := runs.TriggerDeadline(ctx, &v1.TriggerDeadlineRequest{RunId: "r"})
+			return err
+		})
+	}()
+	<-held
+	g.StepDown()
+	err = <-errc
+	if st := status.Convert(err); st.Code() != codes.Unavailable || transport.Reason(err) != transport.ReasonOutcomeUnknown {
+		t.Fatalf("a trigger committing when the term ended: %v; want UNAVAILABLE OUTCOME_UNKNOWN", err)
+	}
+	unhold()
+	run, err := eng.GetRun(t.Context(), &v1.GetRunRequest{RunId: "r"})
+	if err != nil || run.Run.FiredAt == nil {
+		t.Fatalf("the trigger's commit: %v, %v; want it landed", run.GetRun(), err)
+	}
+}

@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/snapcoord/snapcoord/rpcfacts"
 	"github.com/snapcoord/snapcoord/server/engine"
 )
 
@@ -91,8 +93,60 @@ func safeMessage(err, kind error) string {
 	return kind.Error()
 }
 
-// ReasonNotLeader is the ErrorInfo reason of NotLeader.
+// ReasonNotLeader is the ErrorInfo reason of NotLeader: the call was
+// refused before it did anything (a follower's gate, a term that had ended,
+// a commit the fence refused), so any call may be made again.
 const ReasonNotLeader = "NOT_LEADER"
+
+// ReasonOutcomeUnknown is the ErrorInfo reason of an UNAVAILABLE call whose
+// change may still take effect (engine.ReasonOutcomeUnknown): only a
+// retry_safe call may be repeated blindly, and the repeat answers what the
+// first attempt did.
+const ReasonOutcomeUnknown = engine.ReasonOutcomeUnknown
+
+// Reason is the ErrorInfo reason of snapcoord's domain in a status error,
+// or "".
+func Reason(err error) string {
+	for _, d := range status.Convert(err).Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetDomain() == ErrorDomain {
+			return info.GetReason()
+		}
+	}
+	return ""
+}
+
+// answerMarginMax caps answerInTime's margin.
+const answerMarginMax = time.Second
+
+// longCalls are the unary RPCs that wait by design (long polls): they are
+// meant to use their whole deadline.
+var longCalls = rpcfacts.Set(rpcfacts.LongPoll)
+
+// answerInTime ends a unary call's work a tenth of its time (at most
+// answerMarginMax) before the caller's deadline, so that the caller hears
+// the server's answer rather than its own DEADLINE_EXCEEDED: a change whose
+// commit is still waiting then (etcd without quorum, say) is answered
+// UNAVAILABLE with ReasonOutcomeUnknown, which tells the client that a
+// repeat will resolve it. Long polls keep their whole deadline.
+func answerInTime(ctx context.Context) (context.Context, context.CancelFunc) {
+	dl, ok := ctx.Deadline()
+	if method, _ := grpc.Method(ctx); !ok || longCalls[method] {
+		return ctx, func() {}
+	}
+	margin := min(time.Until(dl)/10, answerMarginMax)
+	return context.WithDeadline(ctx, dl.Add(-max(margin, 0)))
+}
+
+// OutcomeUnknown is UNAVAILABLE with ReasonOutcomeUnknown: the call's
+// change may be stored, and a repeat answers what it did.
+func OutcomeUnknown(msg string) error {
+	st := status.New(codes.Unavailable, msg)
+	d, err := st.WithDetails(&errdetails.ErrorInfo{Reason: ReasonOutcomeUnknown, Domain: ErrorDomain})
+	if err != nil {
+		return st.Err()
+	}
+	return d.Err()
+}
 
 // NotLeader is the answer of a coordinator that does not lead its group to
 // a RunService or WorkerService call: UNAVAILABLE, so clients retry, with

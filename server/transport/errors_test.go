@@ -8,8 +8,10 @@ import (
 	"log/slog"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -124,5 +126,67 @@ func TestToStatusCarriesReason(t *testing.T) {
 	}
 	if got := status.Convert(toStatus(t.Context(), discard(), &engine.Error{Kind: engine.ErrNotFound, Msg: "m"})); len(got.Details()) != 0 {
 		t.Fatalf("an error without a reason got details %v", got.Details())
+	}
+}
+
+// A change whose commit is unconfirmed reaches the client as UNAVAILABLE
+// with reason OUTCOME_UNKNOWN (which Reason reads back); NOT_LEADER stays
+// the answer of a call refused before it did anything.
+func TestOutcomeUnknownAndNotLeaderAreTold(t *testing.T) {
+	err := toStatus(t.Context(), discard(), fmt.Errorf("trigger: %w", &engine.Error{Kind: engine.ErrUnavailable,
+		Msg: "the change may still take effect", Reason: engine.ReasonOutcomeUnknown}))
+	if st := status.Convert(err); st.Code() != codes.Unavailable || Reason(err) != "OUTCOME_UNKNOWN" {
+		t.Fatalf("got %v, reason %q; want UNAVAILABLE OUTCOME_UNKNOWN", err, Reason(err))
+	}
+	if r := Reason(NotLeader("10.0.0.2:7070")); r != "NOT_LEADER" {
+		t.Fatalf("NotLeader's reason = %q", r)
+	}
+	if r := Reason(status.Error(codes.Unavailable, "draining")); r != "" {
+		t.Fatalf("a status without ErrorInfo has reason %q", r)
+	}
+}
+
+// methodStream names the method of a fake server call.
+type methodStream struct {
+	grpc.ServerTransportStream
+	method string
+}
+
+func (s methodStream) Method() string { return s.method }
+
+// A unary call's work ends a tenth of its time (at most a second) before
+// the caller's deadline, so that the caller hears the server's answer; a
+// long poll keeps its whole deadline, and a call without one stays without.
+func TestAnswerInTimeLeavesTheAnswerTimeToArrive(t *testing.T) {
+	call := func(method string, timeout time.Duration) (time.Duration, bool) {
+		ctx := grpc.NewContextWithServerTransportStream(t.Context(), methodStream{method: method})
+		var cancel context.CancelFunc = func() {}
+		if timeout > 0 {
+			ctx, cancel = context.WithTimeout(ctx, timeout)
+		}
+		defer cancel()
+		want, _ := ctx.Deadline()
+		ctx, done := answerInTime(ctx)
+		defer done()
+		got, ok := ctx.Deadline()
+		return want.Sub(got), ok
+	}
+	trigger, poll := "/snapcoord.v1.RunService/TriggerDeadline", "/snapcoord.v1.WorkerService/PollCommands"
+	for _, tt := range []struct {
+		method   string
+		timeout  time.Duration
+		min, max time.Duration
+	}{
+		{trigger, 2 * time.Second, 150 * time.Millisecond, 200 * time.Millisecond},
+		{trigger, time.Minute, time.Second, time.Second},
+		{poll, time.Minute, 0, 0},
+	} {
+		margin, ok := call(tt.method, tt.timeout)
+		if !ok || margin < tt.min || margin > tt.max {
+			t.Errorf("%s with %v: answers %v before the deadline; want %v..%v", tt.method, tt.timeout, margin, tt.min, tt.max)
+		}
+	}
+	if _, ok := call(trigger, 0); ok {
+		t.Error("a call without a deadline got one")
 	}
 }

@@ -69,6 +69,8 @@ func (s *RunServer) ReissueRunToken(ctx context.Context, req *v1.ReissueRunToken
 func unary[Req, Resp any](ctx context.Context, log *slog.Logger, req Req,
 	call func(context.Context, Req) (Resp, error),
 ) (Resp, error) {
+	ctx, cancel := answerInTime(ctx)
+	defer cancel()
 	resp, err := call(ctx, req)
 	if err != nil {
 		var zero Resp

@@ -84,7 +84,21 @@ func (Credential) EnumDescriptor() ([]byte, []int) {
 type RpcFacts struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Safe to repeat when the reply was lost: the clients retry it on
-	// UNAVAILABLE. The RPC's option says why a repeat does no harm.
+	// UNAVAILABLE. The RPC's option says why a repeat does no harm, and a
+	// repeat of a call that took effect answers as the first would have.
+	//
+	// Two UNAVAILABLE answers carry a google.rpc.ErrorInfo (domain
+	// snapcoord.v1) that says what happened to the call:
+	// reason NOT_LEADER: the call was refused before it did anything (a
+	// follower, or a leader whose term had ended or whose commit the fence
+	// refused); metadata "leader" is the leader's address, "" if unknown. Any
+	// RPC may be repeated, retry_safe or not.
+	// reason OUTCOME_UNKNOWN: the call's change was made but its commit was
+	// not confirmed when the call had to be answered (its deadline came
+	// first, the coordinator lost its leadership while the commit waited on
+	// etcd, or etcd's answer was lost); it may still take effect. The clients
+	// repeat a retry_safe RPC, whose repeat answers what the first attempt
+	// did; any other is reported to the caller as of unknown outcome.
 	RetrySafe bool `protobuf:"varint,1,opt,name=retry_safe,json=retrySafe,proto3" json:"retry_safe,omitempty"`
 	// May stay open for a long time (a stream that follows, or a long poll):
 	// the server ends it at shutdown with UNAVAILABLE, and the client resumes
@@ -95,7 +109,11 @@ type RpcFacts struct {
 	// bury everything else. Failures keep their level.
 	Routine bool `protobuf:"varint,3,opt,name=routine,proto3" json:"routine,omitempty"`
 	// The credential the call needs.
-	Credential    Credential `protobuf:"varint,4,opt,name=credential,proto3,enum=snapcoord.v1.Credential" json:"credential,omitempty"`
+	Credential Credential `protobuf:"varint,4,opt,name=credential,proto3,enum=snapcoord.v1.Credential" json:"credential,omitempty"`
+	// Changes nothing the coordinator keeps (a read, or a stream or poll of
+	// the command log): an answer withheld because its coordinator may no
+	// longer lead is NOT_LEADER, never OUTCOME_UNKNOWN.
+	ReadOnly      bool `protobuf:"varint,5,opt,name=read_only,json=readOnly,proto3" json:"read_only,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -158,6 +176,13 @@ func (x *RpcFacts) GetCredential() Credential {
 	return Credential_CREDENTIAL_UNSPECIFIED
 }
 
+func (x *RpcFacts) GetReadOnly() bool {
+	if x != nil {
+		return x.ReadOnly
+	}
+	return false
+}
+
 var file_snapcoord_v1_options_proto_extTypes = []protoimpl.ExtensionInfo{
 	{
 		ExtendedType:  (*descriptorpb.MethodOptions)(nil),
@@ -201,7 +226,7 @@ var File_snapcoord_v1_options_proto protoreflect.FileDescriptor
 
 const file_snapcoord_v1_options_proto_rawDesc = "" +
 	"\n" +
-	"\x1asnapcoord/v1/options.proto\x12\fsnapcoord.v1\x1a google/protobuf/descriptor.proto\"\x9c\x01\n" +
+	"\x1asnapcoord/v1/options.proto\x12\fsnapcoord.v1\x1a google/protobuf/descriptor.proto\"\xb9\x01\n" +
 	"\bRpcFacts\x12\x1d\n" +
 	"\n" +
 	"retry_safe\x18\x01 \x01(\bR\tretrySafe\x12\x1d\n" +
@@ -210,7 +235,8 @@ const file_snapcoord_v1_options_proto_rawDesc = "" +
 	"\aroutine\x18\x03 \x01(\bR\aroutine\x128\n" +
 	"\n" +
 	"credential\x18\x04 \x01(\x0e2\x18.snapcoord.v1.CredentialR\n" +
-	"credential*X\n" +
+	"credential\x12\x1b\n" +
+	"\tread_only\x18\x05 \x01(\bR\breadOnly*X\n" +
 	"\n" +
 	"Credential\x12\x1a\n" +
 	"\x16CREDENTIAL_UNSPECIFIED\x10\x00\x12\x14\n" +

@@ -1206,18 +1206,23 @@ const file_snapcoord_v1_run_service_proto_rawDesc = "" +
 	"\x06reason\x18\x02 \x01(\tB\b\xbaH\x05r\x03(\x80\bR\x06reason\"[\n" +
 	"\x17ReissueRunTokenResponse\x12#\n" +
 	"\x03run\x18\x01 \x01(\v2\x11.snapcoord.v1.RunR\x03run\x12\x1b\n" +
-	"\trun_token\x18\x02 \x01(\tR\brunToken2\xb0\a\n" +
+	"\trun_token\x18\x02 \x01(\tR\brunToken2\xbc\a\n" +
 	"\n" +
 	"RunService\x12V\n" +
-	"\tCreateRun\x12\x1e.snapcoord.v1.CreateRunRequest\x1a\x1f.snapcoord.v1.CreateRunResponse\"\b\x82\x99\x19\x04\b\x01 \x01\x12M\n" +
-	"\x06GetRun\x12\x1b.snapcoord.v1.GetRunRequest\x1a\x1c.snapcoord.v1.GetRunResponse\"\b\x82\x99\x19\x04\b\x01 \x01\x12S\n" +
-	"\bListRuns\x12\x1d.snapcoord.v1.ListRunsRequest\x1a\x1e.snapcoord.v1.ListRunsResponse\"\b\x82\x99\x19\x04\b\x01 \x01\x12e\n" +
-	"\x0eUpdateDeadline\x12#.snapcoord.v1.UpdateDeadlineRequest\x1a$.snapcoord.v1.UpdateDeadlineResponse\"\b\x82\x99\x19\x04\b\x01 \x01\x12f\n" +
-	"\x0fTriggerDeadline\x12$.snapcoord.v1.TriggerDeadlineRequest\x1a%.snapcoord.v1.TriggerDeadlineResponse\"\x06\x82\x99\x19\x02 \x01\x12V\n" +
-	"\tCancelRun\x12\x1e.snapcoord.v1.CancelRunRequest\x1a\x1f.snapcoord.v1.CancelRunResponse\"\b\x82\x99\x19\x04\b\x01 \x01\x12U\n" +
-	"\bWatchRun\x12\x1d.snapcoord.v1.WatchRunRequest\x1a\x1e.snapcoord.v1.WatchRunResponse\"\b\x82\x99\x19\x04\x10\x01 \x010\x01\x12\\\n" +
-	"\vListWorkers\x12 .snapcoord.v1.ListWorkersRequest\x1a!.snapcoord.v1.ListWorkersResponse\"\b\x82\x99\x19\x04\b\x01 \x01\x12b\n" +
-	"\rListSnapshots\x12\".snapcoord.v1.ListSnapshotsRequest\x1a#.snapcoord.v1.ListSnapshotsResponse\"\b\x82\x99\x19\x04\b\x01 \x01\x12f\n" +
+	"\tCreateRun\x12\x1e.snapcoord.v1.CreateRunRequest\x1a\x1f.snapcoord.v1.CreateRunResponse\"\b\x82\x99\x19\x04\b\x01 \x01\x12O\n" +
+	"\x06GetRun\x12\x1b.snapcoord.v1.GetRunRequest\x1a\x1c.snapcoord.v1.GetRunResponse\"\n" +
+	"\x82\x99\x19\x06\b\x01 \x01(\x01\x12U\n" +
+	"\bListRuns\x12\x1d.snapcoord.v1.ListRunsRequest\x1a\x1e.snapcoord.v1.ListRunsResponse\"\n" +
+	"\x82\x99\x19\x06\b\x01 \x01(\x01\x12e\n" +
+	"\x0eUpdateDeadline\x12#.snapcoord.v1.UpdateDeadlineRequest\x1a$.snapcoord.v1.UpdateDeadlineResponse\"\b\x82\x99\x19\x04\b\x01 \x01\x12h\n" +
+	"\x0fTriggerDeadline\x12$.snapcoord.v1.TriggerDeadlineRequest\x1a%.snapcoord.v1.TriggerDeadlineResponse\"\b\x82\x99\x19\x04\b\x01 \x01\x12V\n" +
+	"\tCancelRun\x12\x1e.snapcoord.v1.CancelRunRequest\x1a\x1f.snapcoord.v1.CancelRunResponse\"\b\x82\x99\x19\x04\b\x01 \x01\x12W\n" +
+	"\bWatchRun\x12\x1d.snapcoord.v1.WatchRunRequest\x1a\x1e.snapcoord.v1.WatchRunResponse\"\n" +
+	"\x82\x99\x19\x06\x10\x01 \x01(\x010\x01\x12^\n" +
+	"\vListWorkers\x12 .snapcoord.v1.ListWorkersRequest\x1a!.snapcoord.v1.ListWorkersResponse\"\n" +
+	"\x82\x99\x19\x06\b\x01 \x01(\x01\x12d\n" +
+	"\rListSnapshots\x12\".snapcoord.v1.ListSnapshotsRequest\x1a#.snapcoord.v1.ListSnapshotsResponse\"\n" +
+	"\x82\x99\x19\x06\b\x01 \x01(\x01\x12f\n" +
 	"\x0fReissueRunToken\x12$.snapcoord.v1.ReissueRunTokenRequest\x1a%.snapcoord.v1.ReissueRunTokenResponse\"\x06\x82\x99\x19\x02 \x01B\xb1\x01\n" +
 	"\x10com.snapcoord.v1B\x0fRunServiceProtoP\x01Z;github.com/snapcoord/snapcoord/api/snapcoord/v1;snapcoordv1\xa2\x02\x03SXX\xaa\x02\fSnapcoord.V1\xca\x02\fSnapcoord\\V1\xe2\x02\x18Snapcoord\\V1\\GPBMetadata\xea\x02\rSnapcoord::V1b\x06proto3"
 

@@ -48,12 +48,19 @@ type RunServiceClient interface {
 	// Lists runs by run_id, a page at a time, optionally in one state.
 	ListRuns(ctx context.Context, in *ListRunsRequest, opts ...grpc.CallOption) (*ListRunsResponse, error)
 	// Moves B (e.g. the scheduler extended the job). Re-evaluated at the next
-	// decision; pending timers are re-armed. FAILED_PRECONDITION once fired.
+	// decision; pending timers are re-armed. FAILED_PRECONDITION once fired,
+	// unless B already is the one asked (a repeat: OK, nothing changes).
 	UpdateDeadline(ctx context.Context, in *UpdateDeadlineRequest, opts ...grpc.CallOption) (*UpdateDeadlineResponse, error)
 	// Fires the deadline by hand: the next CompleteStep gets SAVE_AND_STOP, or,
 	// if no step completed yet, the pre-step deadline snapshot starts at once.
+	// The run and the reason are the trigger's key: the same trigger again
+	// (the same reason, after the default for an empty one) returns OK with
+	// the run, pending or fired, even once the run ended. FAILED_PRECONDITION
+	// once the deadline fired otherwise (by B, or by a trigger with another
+	// reason) or the run is over.
 	TriggerDeadline(ctx context.Context, in *TriggerDeadlineRequest, opts ...grpc.CallOption) (*TriggerDeadlineResponse, error)
 	// Cancels a live run: state CANCELLED, Stop sent to every worker.
+	// Cancelling a cancelled run returns OK and keeps the first reason.
 	CancelRun(ctx context.Context, in *CancelRunRequest, opts ...grpc.CallOption) (*CancelRunResponse, error)
 	// Streams the run's events after after_seq, then new ones as they happen.
 	// Ends when the run is terminal and every event was sent, or, with
@@ -213,12 +220,19 @@ type RunServiceServer interface {
 	// Lists runs by run_id, a page at a time, optionally in one state.
 	ListRuns(context.Context, *ListRunsRequest) (*ListRunsResponse, error)
 	// Moves B (e.g. the scheduler extended the job). Re-evaluated at the next
-	// decision; pending timers are re-armed. FAILED_PRECONDITION once fired.
+	// decision; pending timers are re-armed. FAILED_PRECONDITION once fired,
+	// unless B already is the one asked (a repeat: OK, nothing changes).
 	UpdateDeadline(context.Context, *UpdateDeadlineRequest) (*UpdateDeadlineResponse, error)
 	// Fires the deadline by hand: the next CompleteStep gets SAVE_AND_STOP, or,
 	// if no step completed yet, the pre-step deadline snapshot starts at once.
+	// The run and the reason are the trigger's key: the same trigger again
+	// (the same reason, after the default for an empty one) returns OK with
+	// the run, pending or fired, even once the run ended. FAILED_PRECONDITION
+	// once the deadline fired otherwise (by B, or by a trigger with another
+	// reason) or the run is over.
 	TriggerDeadline(context.Context, *TriggerDeadlineRequest) (*TriggerDeadlineResponse, error)
 	// Cancels a live run: state CANCELLED, Stop sent to every worker.
+	// Cancelling a cancelled run returns OK and keeps the first reason.
 	CancelRun(context.Context, *CancelRunRequest) (*CancelRunResponse, error)
 	// Streams the run's events after after_seq, then new ones as they happen.
 	// Ends when the run is terminal and every event was sent, or, with

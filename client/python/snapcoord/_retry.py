@@ -47,8 +47,10 @@ FOLLOW_MAX_WAIT = 1.0
 class RetryPolicy:
     """How the calls in ``RETRIED_METHODS`` are retried.
 
-    Only on UNAVAILABLE (the coordinator is unreachable, restarting or
-    shutting down), with exponential backoff and jitter, until
+    Only on UNAVAILABLE (the coordinator is unreachable, restarting,
+    shutting down, not the leader, or could not confirm the call's commit:
+    reason OUTCOME_UNKNOWN, which the repeat resolves), with exponential
+    backoff and jitter, until
     ``max_attempts`` or the call's deadline. Not retried: RESOURCE_EXHAUSTED
     (a limit does not lift by itself), DEADLINE_EXCEEDED (the caller's own
     deadline) and every other code, which a repeat would only answer again.

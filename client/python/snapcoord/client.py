@@ -113,8 +113,12 @@ class _Bearer(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientIntercepto
 
 class _Retry(grpc.UnaryUnaryClientInterceptor):
     """Retries the methods in RETRIED_METHODS on UNAVAILABLE (see RetryPolicy),
-    and every method refused with NOT_LEADER: a follower did nothing with the
-    call, so repeating it (to the leader, once health says which) is safe.
+    OUTCOME_UNKNOWN among them (their repeat answers what the first attempt
+    did), and every method refused with NOT_LEADER: the coordinator did
+    nothing with the call, so repeating it (to the leader, once health says
+    which) is safe. Once an attempt was answered OUTCOME_UNKNOWN, a call
+    whose later attempts settle nothing (UNAVAILABLE, DEADLINE_EXCEEDED,
+    CANCELLED) ends with that answer: its change may have taken effect.
 
     A call's timeout bounds all its attempts together, as a Go context does.
     Each retry is logged at DEBUG; a call that waited longer than
@@ -132,20 +136,22 @@ class _Retry(grpc.UnaryUnaryClientInterceptor):
         safe = details.method in RETRIED_METHODS
         start = time.monotonic()
         deadline = None if details.timeout is None else start + details.timeout
-        attempt, why = 0, ""
+        attempt, why, unknown = 0, "", None
         while True:
             attempt += 1
             call = continuation(details, request)
+            if unknown is None and errors.error_reason(call) == errors.REASON_OUTCOME_UNKNOWN:
+                unknown = call
             if not _retryable(call, safe) or attempt >= self._policy.max_attempts:
                 _warn_if_slow(details.method, start, attempt, why, call)
-                return call
+                return _still_unknown(unknown, call)
             why = f"{call.code().name}: {call.details()}"
             wait = self._policy.backoff(attempt)
             if deadline is not None:
                 left = deadline - time.monotonic()
                 if left <= wait:
                     _warn_if_slow(details.method, start, attempt, why, call)
-                    return call
+                    return _still_unknown(unknown, call)
                 details = _with(details, timeout=left - wait)
             _log.debug("%s: attempt %d failed (%s); retrying within %.2fs", details.method, attempt, why, wait)
             self._pause(wait)
@@ -208,6 +214,18 @@ class _WaitForReady(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInte
 
     def intercept_unary_stream(self, continuation, details, request):  # type: ignore[override]
         return continuation(_with(details, wait_for_ready=True), request)
+
+
+# Answers that do not settle an earlier attempt of unknown outcome.
+_UNSETTLED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
+
+
+def _still_unknown(unknown: Any, call: Any) -> Any:
+    """The call's final outcome: ``call``, or the earlier attempt answered
+    OUTCOME_UNKNOWN if ``call`` says nothing that settles it."""
+    if unknown is not None and call.code() in _UNSETTLED:
+        return unknown
+    return call
 
 
 def _retryable(call: Any, safe: bool) -> bool:

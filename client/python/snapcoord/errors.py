@@ -6,6 +6,7 @@
 | ConflictError        | ALREADY_EXISTS, FAILED_PRECONDITION, ABORTED | 4            |
 | SupersededError      | FAILED_PRECONDITION, reason WORKER_SUPERSEDED | 4          |
 | UnavailableError     | UNAVAILABLE (reason NOT_LEADER from a follower), DEADLINE_EXCEEDED | 5 |
+| OutcomeUnknownError  | UNAVAILABLE, reason OUTCOME_UNKNOWN         | 5            |
 | AuthError            | UNAUTHENTICATED, PERMISSION_DENIED          | 6            |
 | InvalidInputError    | INVALID_ARGUMENT, OUT_OF_RANGE              | 7            |
 | LimitError           | RESOURCE_EXHAUSTED                          | 8            |
@@ -29,12 +30,15 @@ except ImportError:  # Debian bookworm's 4.21
 
     _message_class = _Factory().GetPrototype
 
-# The coordinator's ErrorInfo domain, the reason of a superseded worker, and
-# that of a follower coordinator (UNAVAILABLE: it serves no call; the leader,
-# if it knows one, is named in the message).
+# The coordinator's ErrorInfo domain, the reason of a superseded worker,
+# that of a call refused before it did anything (UNAVAILABLE, by a follower
+# or a leader whose term had ended; the leader, if known, is named in the
+# message), and that of a call whose change may still take effect
+# (UNAVAILABLE: its commit was not confirmed before the call was answered).
 ERROR_DOMAIN = "snapcoord.v1"
 REASON_SUPERSEDED = "WORKER_SUPERSEDED"
 REASON_NOT_LEADER = "NOT_LEADER"
+REASON_OUTCOME_UNKNOWN = "OUTCOME_UNKNOWN"
 
 
 class SnapcoordError(Exception):
@@ -71,6 +75,18 @@ class SupersededError(ConflictError):
 class UnavailableError(SnapcoordError):
     """The coordinator is unreachable, shutting down, not the leader (reason
     NOT_LEADER), or did not answer in time."""
+
+
+class OutcomeUnknownError(UnavailableError):
+    """The call's change may or may not have taken effect (UNAVAILABLE,
+    reason OUTCOME_UNKNOWN): the coordinator lost its leadership or its etcd
+    quorum while the commit waited, or the call's deadline came first.
+
+    The client repeats the calls that are safe to repeat (``RETRIED_METHODS``),
+    whose repeat answers what the first attempt did, so this is raised only
+    by a call that is not (ReissueRunToken), or whose retries ran out or
+    timed out before an attempt settled it. Read the state (``get_run``) to
+    learn what happened."""
 
 
 class AuthError(SnapcoordError):
@@ -128,6 +144,8 @@ def from_rpc_error(err: grpc.RpcError) -> SnapcoordError:
     cls = _CLASSES.get(code, SnapcoordError)
     if code == grpc.StatusCode.FAILED_PRECONDITION and reason == REASON_SUPERSEDED:
         cls = SupersededError
+    if code == grpc.StatusCode.UNAVAILABLE and reason == REASON_OUTCOME_UNKNOWN:
+        cls = OutcomeUnknownError
     return cls(message, code, reason)
 
 

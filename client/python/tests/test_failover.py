@@ -94,7 +94,7 @@ def test_dead_address_then_live(coordinator: Coordinator) -> None:
     env = {"SNAPCOORD_ADDR": f"{dead},{coordinator.addr}", "SNAPCOORD_RUN_ID": "run-a", "SNAPCOORD_RUN_TOKEN": token}
     with snapcoord.connect(env=env, timeout=10.0) as client, client.trainer(0) as trainer, client.env_worker("env-0") as worker:
         assert trainer.complete_step(1, 0.1).action == snapcoord.Action.CONTINUE
-        # TriggerDeadline is not retried: it must not go to the dead address.
+        # Whatever the method, a call goes to the live address, not the dead one.
         with snapcoord.connect([dead, coordinator.addr], timeout=10.0, env={}) as admin:
             admin.call(admin.runs.TriggerDeadline, run_service_pb2.TriggerDeadlineRequest(run_id="run-a", reason="test"))
         assert trainer.complete_step(2, 0.1).should_save
@@ -112,15 +112,15 @@ def test_calls_go_to_the_serving_coordinator(coordinator: Coordinator, follower:
             for i in range(4):
                 with pytest.raises(snapcoord.NotFoundError):  # the leader's answer
                     admin.get_run(f"no-such-run-{i}")
-                # Not retried: a call the follower got would fail.
+                # Not retried on UNAVAILABLE: a call the follower got would fail.
                 with pytest.raises(snapcoord.NotFoundError):
-                    admin.call(admin.runs.TriggerDeadline, run_service_pb2.TriggerDeadlineRequest(run_id=f"no-such-run-{i}", reason="t"))
+                    admin.call(admin.runs.ReissueRunToken, run_service_pb2.ReissueRunTokenRequest(run_id=f"no-such-run-{i}", reason="t"))
     assert follower.calls == 0
 
 
 def test_not_leader_is_retried_even_where_unavailable_is_not(coordinator: Coordinator) -> None:
     """A stale leader (still SERVING in its health) refuses a call with
-    NOT_LEADER: the call did nothing there, so even TriggerDeadline, never
+    NOT_LEADER: the call did nothing there, so even ReissueRunToken, never
     retried on a plain UNAVAILABLE, is repeated, and reaches the leader.
     Round robin over the two sends every other first attempt to the stale one."""
     admin = coordinator.admin()
@@ -130,7 +130,7 @@ def test_not_leader_is_retried_even_where_unavailable_is_not(coordinator: Coordi
     try:
         with snapcoord.connect([stale.addr, coordinator.addr], timeout=10.0, env={}) as c:
             for i in range(4):
-                run = c.call(c.runs.TriggerDeadline, run_service_pb2.TriggerDeadlineRequest(run_id=f"run-{i}", reason="test")).run
+                run = c.call(c.runs.ReissueRunToken, run_service_pb2.ReissueRunTokenRequest(run_id=f"run-{i}", reason="test")).run
                 assert run.run_id == f"run-{i}"
             assert stale.calls >= 1
             # The same refusal without NOT_LEADER is a plain UNAVAILABLE: not retried.
@@ -138,7 +138,7 @@ def test_not_leader_is_retried_even_where_unavailable_is_not(coordinator: Coordi
             refused = 0
             for i in (4, 5):
                 try:
-                    c.call(c.runs.TriggerDeadline, run_service_pb2.TriggerDeadlineRequest(run_id=f"run-{i}", reason="test"))
+                    c.call(c.runs.ReissueRunToken, run_service_pb2.ReissueRunTokenRequest(run_id=f"run-{i}", reason="test"))
                 except snapcoord.UnavailableError:
                     refused += 1
             assert refused == 1

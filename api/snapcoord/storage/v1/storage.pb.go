@@ -57,6 +57,8 @@ type RunRecord struct {
 	// answers SAVE_AND_STOP.
 	ManualFirePending bool `protobuf:"varint,12,opt,name=manual_fire_pending,json=manualFirePending,proto3" json:"manual_fire_pending,omitempty"`
 	// Why the run was triggered by hand, for the decision's explanation.
+	// Kept once the trigger fired, so that the same trigger repeated is
+	// recognised (TriggerDeadline answers it OK).
 	ManualFireReason string `protobuf:"bytes,13,opt,name=manual_fire_reason,json=manualFireReason,proto3" json:"manual_fire_reason,omitempty"`
 	// The deadline sequence's snapshot, once issued.
 	DeadlineSnapshotId string `protobuf:"bytes,14,opt,name=deadline_snapshot_id,json=deadlineSnapshotId,proto3" json:"deadline_snapshot_id,omitempty"`

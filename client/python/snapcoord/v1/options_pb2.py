@@ -14,7 +14,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import descriptor_pb2 as google_dot_protobuf_dot_descriptor__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1asnapcoord/v1/options.proto\x12\x0csnapcoord.v1\x1a google/protobuf/descriptor.proto\"q\n\x08RpcFacts\x12\x12\n\nretry_safe\x18\x01 \x01(\x08\x12\x12\n\nlong_lived\x18\x02 \x01(\x08\x12\x0f\n\x07routine\x18\x03 \x01(\x08\x12,\n\ncredential\x18\x04 \x01(\x0e\x32\x18.snapcoord.v1.Credential*X\n\nCredential\x12\x1a\n\x16\x43REDENTIAL_UNSPECIFIED\x10\x00\x12\x14\n\x10\x43REDENTIAL_ADMIN\x10\x01\x12\x18\n\x14\x43REDENTIAL_RUN_TOKEN\x10\x02:E\n\x03rpc\x12\x1e.google.protobuf.MethodOptions\x18\x90\x93\x03 \x01(\x0b\x32\x16.snapcoord.v1.RpcFacts:5\n\x08terminal\x12!.google.protobuf.EnumValueOptions\x18\x91\x93\x03 \x01(\x08\x42=Z;github.com/snapcoord/snapcoord/api/snapcoord/v1;snapcoordv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1asnapcoord/v1/options.proto\x12\x0csnapcoord.v1\x1a google/protobuf/descriptor.proto\"\x84\x01\n\x08RpcFacts\x12\x12\n\nretry_safe\x18\x01 \x01(\x08\x12\x12\n\nlong_lived\x18\x02 \x01(\x08\x12\x0f\n\x07routine\x18\x03 \x01(\x08\x12,\n\ncredential\x18\x04 \x01(\x0e\x32\x18.snapcoord.v1.Credential\x12\x11\n\tread_only\x18\x05 \x01(\x08*X\n\nCredential\x12\x1a\n\x16\x43REDENTIAL_UNSPECIFIED\x10\x00\x12\x14\n\x10\x43REDENTIAL_ADMIN\x10\x01\x12\x18\n\x14\x43REDENTIAL_RUN_TOKEN\x10\x02:E\n\x03rpc\x12\x1e.google.protobuf.MethodOptions\x18\x90\x93\x03 \x01(\x0b\x32\x16.snapcoord.v1.RpcFacts:5\n\x08terminal\x12!.google.protobuf.EnumValueOptions\x18\x91\x93\x03 \x01(\x08\x42=Z;github.com/snapcoord/snapcoord/api/snapcoord/v1;snapcoordv1b\x06proto3')
 
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, globals())
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'snapcoord.v1.options_pb2', globals())
@@ -24,8 +24,8 @@ if _descriptor._USE_C_DESCRIPTORS == False:
 
   DESCRIPTOR._options = None
   DESCRIPTOR._serialized_options = b'Z;github.com/snapcoord/snapcoord/api/snapcoord/v1;snapcoordv1'
-  _CREDENTIAL._serialized_start=193
-  _CREDENTIAL._serialized_end=281
-  _RPCFACTS._serialized_start=78
-  _RPCFACTS._serialized_end=191
+  _CREDENTIAL._serialized_start=213
+  _CREDENTIAL._serialized_end=301
+  _RPCFACTS._serialized_start=79
+  _RPCFACTS._serialized_end=211
 # @@protoc_insertion_point(module_scope)

@@ -14,16 +14,18 @@ rpc: _descriptor.FieldDescriptor
 terminal: _descriptor.FieldDescriptor
 
 class RpcFacts(_message.Message):
-    __slots__ = ["credential", "long_lived", "retry_safe", "routine"]
+    __slots__ = ["credential", "long_lived", "read_only", "retry_safe", "routine"]
     CREDENTIAL_FIELD_NUMBER: _ClassVar[int]
     LONG_LIVED_FIELD_NUMBER: _ClassVar[int]
+    READ_ONLY_FIELD_NUMBER: _ClassVar[int]
     RETRY_SAFE_FIELD_NUMBER: _ClassVar[int]
     ROUTINE_FIELD_NUMBER: _ClassVar[int]
     credential: Credential
     long_lived: bool
+    read_only: bool
     retry_safe: bool
     routine: bool
-    def __init__(self, retry_safe: bool = ..., long_lived: bool = ..., routine: bool = ..., credential: _Optional[_Union[Credential, str]] = ...) -> None: ...
+    def __init__(self, retry_safe: bool = ..., long_lived: bool = ..., routine: bool = ..., credential: _Optional[_Union[Credential, str]] = ..., read_only: bool = ...) -> None: ...
 
 class Credential(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = []

@@ -99,7 +99,8 @@ class RunServiceServicer(object):
 
     def UpdateDeadline(self, request, context):
         """Moves B (e.g. the scheduler extended the job). Re-evaluated at the next
-        decision; pending timers are re-armed. FAILED_PRECONDITION once fired.
+        decision; pending timers are re-armed. FAILED_PRECONDITION once fired,
+        unless B already is the one asked (a repeat: OK, nothing changes).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -108,6 +109,11 @@ class RunServiceServicer(object):
     def TriggerDeadline(self, request, context):
         """Fires the deadline by hand: the next CompleteStep gets SAVE_AND_STOP, or,
         if no step completed yet, the pre-step deadline snapshot starts at once.
+        The run and the reason are the trigger's key: the same trigger again
+        (the same reason, after the default for an empty one) returns OK with
+        the run, pending or fired, even once the run ended. FAILED_PRECONDITION
+        once the deadline fired otherwise (by B, or by a trigger with another
+        reason) or the run is over.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -115,6 +121,7 @@ class RunServiceServicer(object):
 
     def CancelRun(self, request, context):
         """Cancels a live run: state CANCELLED, Stop sent to every worker.
+        Cancelling a cancelled run returns OK and keeps the first reason.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

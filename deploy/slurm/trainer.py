@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import logging
 import os
 import sys
 import time
@@ -86,6 +87,8 @@ def main() -> int:
     args = ap.parse_args()
     rank, world = int(os.environ["SLURM_PROCID"]), int(os.environ["SLURM_NTASKS"])
     node = os.environ.get("SLURMD_NODENAME", "?")
+    # The drop-in logs what it decides without the coordinator (WARNING).
+    logging.basicConfig(level=logging.WARNING, format=f"rank {rank} on {node}: %(levelname)s %(message)s")
     dist.init_process_group(
         "gloo",
         init_method=f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
@@ -105,13 +108,18 @@ def main() -> int:
         opt.load_state_dict(state["optimizer"])
     print(f"rank {rank} on {node}: starting at step {checker.step + 1}", flush=True)
     checker.start_iterations()
+    waits: list[float] = []  # how long each decision took: the coordinator's cost per step
     try:
         while True:
             loss = train_step(checker.step + 1, rank, world, model, opt)
             time.sleep(args.iteration_seconds)  # the rollouts of an RL step
             checker.mark_iteration()
             step = checker.step
+            t0 = time.monotonic()
             should_save = checker.check_save()
+            waits.append(time.monotonic() - t0)
+            if len(waits) == 1:
+                print(f"rank {rank} on {node}: first decision at {time.time():.3f}", flush=True)
             if not agree(should_save):
                 print(f"rank {rank} on {node}: step {step}: the ranks disagree on saving (this one: {should_save})", flush=True)
                 return 2
@@ -128,6 +136,10 @@ def main() -> int:
         print(f"rank {rank} on {node}: {err}", flush=True)
         return 0
     finally:
+        if waits:
+            waits.sort()
+            print(f"rank {rank} on {node}: decisions over {len(waits)} steps took median {waits[len(waits) // 2] * 1000:.1f} ms, "
+                  f"max {waits[-1] * 1000:.1f} ms", flush=True)  # fmt: skip
         checker.close()
         dist.destroy_process_group()
 

@@ -283,20 +283,28 @@ fi
 
 RUN_FLAGS="--target-level turn --snapshot-interval 10 --margin 5 --expected-checkpoint 2 --expected-snapshot 2"
 TRAIN_ARGS="--iteration-seconds 2 --checkpoint-every 3 --collective-timeout 60"
+# The job polls squeue for a new end this often (seconds).
+POLL=3
+# submit NAME SAVE_BEFORE_END OUT SBATCH_ARGS...: the recipe with a 2-minute
+# limit, the settings above and its state in $WORK/NAME (STATE), its output
+# in $WORK/OUT-<job>.out; sets job.
+submit() {
+	STATE=$WORK/$1
+	mkdir -p "$STATE"
+	job=$(SNAPCOORD_STATE_DIR=$STATE SAVE_BEFORE_END=$2s EXTEND_POLL=$POLL TRAIN_ARGS="$TRAIN_ARGS" RUN_FLAGS="$RUN_FLAGS" \
+		sbatch --parsable --time=2 --output="$WORK/$3-%j.out" "${@:4}" deploy/slurm/grpo.sbatch)
+	jobs_submitted+=("$job")
+	say "submitted job $job"
+}
 
 # ---------------------------------------------------------------------------
 if part 2; then
 	say "2. the recipe on three nodes, requeued by scontrol requeue, then given more time by scontrol update"
-	STATE=$WORK/requeue
-	mkdir -p "$STATE"
 	# 2-minute limit, B 80 s before the end: the second allocation's rule would
 	# fire about 30 s in, unless the test's TimeLimit=3 moves B a minute later.
-	SBE=80 POLL=3
+	SBE=80
 	t_submit=$(date +%s.%N)
-	job=$(SNAPCOORD_STATE_DIR=$STATE SAVE_BEFORE_END=${SBE}s EXTEND_POLL=$POLL TRAIN_ARGS="$TRAIN_ARGS" RUN_FLAGS="$RUN_FLAGS" \
-		sbatch --parsable --time=2 --signal=B:USR1@10 --output="$WORK/grpo-%j.out" deploy/slurm/grpo.sbatch)
-	jobs_submitted+=("$job")
-	say "submitted job $job"
+	submit requeue "$SBE" grpo --signal=B:USR1@10
 	wait_step "$STATE" 0 "$job" 5
 	first_decision=$(awk '/first decision at/ {print $NF}' "$WORK/grpo-$job.out" | sort -n | head -1)
 	to_first=$("$PY" -c 'import sys; print(f"{float(sys.argv[1]) - float(sys.argv[2]):.1f}")' "$first_decision" "$t_submit")
@@ -339,13 +347,8 @@ fi
 # ---------------------------------------------------------------------------
 if part 3; then
 	say "3. the recipe, its second trainer node killed: Slurm requeues the job onto the nodes left"
-	STATE=$WORK/nodefail
-	mkdir -p "$STATE"
 	SBE=70
-	job=$(SNAPCOORD_STATE_DIR=$STATE SAVE_BEFORE_END=${SBE}s TRAIN_ARGS="$TRAIN_ARGS" RUN_FLAGS="$RUN_FLAGS" \
-		sbatch --parsable --time=2 --signal=B:USR1@10 --output="$WORK/grpo-%j.out" deploy/slurm/grpo.sbatch)
-	jobs_submitted+=("$job")
-	say "submitted job $job"
+	submit nodefail "$SBE" grpo --signal=B:USR1@10
 	wait_step "$STATE" 0 "$job" 5
 	victim=$(sed -n 's/^rank 2 on \(n[0-9]\):.*/\1/p' "$WORK/grpo-$job.out" | head -1)
 	[ -n "$victim" ] || fail "no rank 2 in the output of job $job"
@@ -373,14 +376,9 @@ fi
 # ---------------------------------------------------------------------------
 if part 4; then
 	say "4. the backstop: the coordinator dies mid-run; at USR1 the workers snapshot and the ranks save on their own"
-	STATE=$WORK/backstop
-	mkdir -p "$STATE"
-	# B 30 s before the end (the ranks' fail-safe saves about 10 s before it);
-	# USR1 asked for 50 s before the end.
-	job=$(SNAPCOORD_STATE_DIR=$STATE SAVE_BEFORE_END=30s TRAIN_ARGS="$TRAIN_ARGS" RUN_FLAGS="$RUN_FLAGS" \
-		sbatch --parsable --time=2 --signal=B:USR1@50 --output="$WORK/backstop-%j.out" deploy/slurm/grpo.sbatch)
-	jobs_submitted+=("$job")
-	say "submitted job $job"
+	# B 30 s before the end (the ranks' fail-safe saves before it); USR1
+	# asked for 50 s before the end.
+	submit backstop 30 backstop --signal=B:USR1@50
 	wait_step "$STATE" 0 "$job" 3
 	kill -KILL "$(cat "$STATE/coordinator.pid")"
 	say "killed the coordinator of job $job at step $(json "$WORK/live.json" 'd["last_step"]')"

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/tls"
 	"crypto/x509"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -136,4 +137,46 @@ func TestTLSSelfSignedExcludesTLSCert(t *testing.T) {
 	if code != exitUsage || !strings.Contains(stderr.String(), "--tls-self-signed (SNAPCOORD_TLS_SELF_SIGNED) makes its own certificate") {
 		t.Errorf("exit %d, stderr %q; want %d naming --tls-self-signed", code, stderr.String(), exitUsage)
 	}
+}
+
+// A wildcard --listen: the certificate holds every address a client on
+// another node may dial, since the coordinator cannot know which one.
+func TestTLSSelfSignedWildcardCoversTheInterfaces(t *testing.T) {
+	hosts, err := certHosts("0.0.0.0:7070")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range addrs {
+		if n, ok := a.(*net.IPNet); ok && !n.IP.IsLinkLocalUnicast() && !slices.Contains(hosts, n.IP.String()) {
+			t.Errorf("hosts %v lack this host's address %s", hosts, n.IP)
+		}
+	}
+	if _, err := certHosts("no-port"); err == nil || !strings.Contains(err.Error(), "--listen") {
+		t.Errorf("a --listen without a port: %v, want an error naming --listen", err)
+	}
+}
+
+// A CA close to its end is replaced rather than outlived by the server
+// certificate it would sign; one with time left is kept.
+func TestTLSSelfSignedRenewsACAAboutToExpire(t *testing.T) {
+	dir := t.TempDir()
+	now := time.Now()
+	first, err := provisionSelfSigned(dir, "127.0.0.1:0", now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca := leafOf(t, first.CAFile)
+	kept, err := provisionSelfSigned(dir, "127.0.0.1:0", now.Add(selfSignedCAValid-selfSignedCertValid-time.Hour))
+	if err != nil || !kept.CAReused || leafOf(t, kept.CAFile).SerialNumber.Cmp(ca.SerialNumber) != 0 {
+		t.Fatalf("with 90 days and an hour left: %+v, %v; want the CA kept", kept, err)
+	}
+	renewed, err := provisionSelfSigned(dir, "127.0.0.1:0", now.Add(selfSignedCAValid-selfSignedCertValid+time.Hour))
+	if err != nil || renewed.CAReused || leafOf(t, renewed.CAFile).SerialNumber.Cmp(ca.SerialNumber) == 0 {
+		t.Fatalf("with less than 90 days left: %+v, %v; want a new CA", renewed, err)
+	}
+	wantMode(t, filepath.Join(dir, selfSignedCAKey), 0o600)
 }

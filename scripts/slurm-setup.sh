@@ -184,8 +184,23 @@ wait_idle() {
 	die "nodes not idle after ${WAIT_S}s: $(tr '\n' ' ' <<<"$states"); see /var/log/slurm/slurmctld.log and slurmd-*.log"
 }
 
+# stop_old PIDFILE NAME: stops a daemon of the single-node cluster an earlier
+# version of this script started (its slurmd would hold this host's port).
+stop_old() {
+	running "$1" || return 0
+	log "stopping the single-node cluster's $2"
+	kill "$(cat "$1")"
+	for _ in $(seq 50); do
+		running "$1" || return 0
+		sleep 0.1
+	done
+	die "$2 did not stop"
+}
+
 install_packages
 mkdir -p "$RUNDIR"
+stop_old /run/slurmd.pid slurmd
+stop_old /run/slurmctld.pid slurmctld
 write_conf
 make_network
 start_munged

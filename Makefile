@@ -177,13 +177,13 @@ vuln: $(VULNDB_DIR)/index/db.json ## govulncheck against the pinned local vulner
 e2e: build ## Start bin/snapcoord; run docs/grpcurl.md and the README quick start against it.
 	SNAPCOORD_BIN=bin/snapcoord SNAPCTL_BIN=bin/snapctl scripts/e2e-grpcurl.sh
 
-# Root only: it installs Slurm and munge (and the Python client's Debian
-# packages) with apt-get if they are missing and starts the Slurm daemons on
-# this machine (scripts/slurm-setup.sh).
-slurm-e2e: build ## Single-node Slurm, then the sbatch recipe of docs/slurm.md on it, requeue and USR1 included (~3 min).
-	scripts/slurm-setup.sh
+# Root only: it installs Slurm, munge and python3-torch (and the Python
+# client's Debian packages) with apt-get if they are missing, starts a
+# four-node cluster on this machine (scripts/slurm-setup.sh) and, pass or
+# fail, tears it down (scripts/slurm-teardown.sh).
+slurm-e2e: build ## Four-node Slurm on this machine (network namespaces), the recipe of docs/slurm.md across nodes: requeues, a node killed, extension, backstop; then torn down (6-7.5 min).
 	scripts/deps-python.sh
-	scripts/slurm-e2e.sh
+	rc=0; { scripts/slurm-setup.sh && scripts/slurm-e2e.sh; } || rc=$$?; scripts/slurm-teardown.sh || rc=1; exit $$rc
 
 # ui-check: the status page in a real browser (Debian's chromium, installed
 # when missing). Screenshots and DOM dumps go to .cache/ui-check/.

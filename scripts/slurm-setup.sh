@@ -1,46 +1,62 @@
 #!/usr/bin/env bash
-# slurm-setup.sh: a single-node Slurm cluster on this machine, for
+# slurm-setup.sh: a four-node Slurm cluster on this one machine, for
 # `make slurm-e2e` (docs/slurm.md). Run as root on Debian (bookworm: Slurm
-# 22.05). Idempotent: it installs Slurm and munge with apt-get if they are
-# missing (scripts/ensure-debs.sh), writes /etc/slurm/slurm.conf for one
-# node (this host, with the CPUs and memory `slurmd -C` finds), starts
-# munged, slurmctld and slurmd as plain daemons (no systemd needed) unless
-# they already run, and waits until `sinfo` shows the node idle.
+# 22.05). It installs Slurm, munge and python3-torch with apt-get if they
+# are missing (scripts/ensure-debs.sh), writes /etc/slurm/slurm.conf, and
+# starts:
 #
-# It never overwrites a slurm.conf it did not write (one without the marker
-# line below): on a machine that already belongs to a cluster it stops.
+#   munged and slurmctld  on this host, slurmctld reached at 10.253.77.1, the
+#                         address of a bridge (snapcoord-br) it creates;
+#   slurmd n1 ... n4      each in its own network namespace (snapcoord-n1...)
+#                         with one veth link to that bridge and the address
+#                         10.253.77.1N, and its own mount namespace where its
+#                         spool directory (and pid file) is its own.
+#
+# Debian's slurmd is built without --enable-multiple-slurmd, so several
+# slurmd on one host would share one address and port; namespaces give each
+# node its own, as separate hosts have. The namespaces have no route beyond
+# 10.253.77.0/24: nothing they send leaves this machine. Files are shared
+# (only the spool is per node), as on a cluster with a shared file system.
+# munged's socket is a path, so one munged serves every node.
+#
+# It waits until every node is idle. scripts/slurm-teardown.sh undoes all
+# of it. It never overwrites a slurm.conf it did not write (one without the
+# marker line below): on a machine that belongs to a real cluster it stops.
 set -euo pipefail
 
 MARKER='# written by snapcoord scripts/slurm-setup.sh'
 CONF=/etc/slurm/slurm.conf
 WAIT_S=${SLURM_SETUP_WAIT_S:-60}
+NODES=(n1 n2 n3 n4)
+NET=10.253.77
+BRIDGE=snapcoord-br
+# What teardown needs: the pids of the daemons this script started.
+RUNDIR=/run/snapcoord-slurm
 
 log() { printf 'slurm-setup: %s\n' "$*" >&2; }
 die() { log "$*"; exit 1; }
 
-[ "$(id -u)" = 0 ] || die "must run as root (it installs packages and starts daemons)"
+[ "$(id -u)" = 0 ] || die "must run as root (it installs packages, makes network namespaces and starts daemons)"
 
 install_packages() {
 	# Installed before slurm.conf exists, the packages' init scripts start
-	# no Slurm daemon (munge's may start munged: start_daemons finds it).
-	ENSURE_DEBS_FOR=slurm-setup.sh "$(dirname "${BASH_SOURCE[0]}")/ensure-debs.sh" munge slurmctld slurmd slurm-client
+	# no Slurm daemon (munge's may start munged: start_munged finds it).
+	# python3-torch: the trainer ranks of the e2e are a real torch.distributed loop.
+	ENSURE_DEBS_FOR=slurm-setup.sh "$(dirname "${BASH_SOURCE[0]}")/ensure-debs.sh" munge slurmctld slurmd slurm-client iproute2 python3-torch
 }
 
-# write_conf writes slurm.conf for one node named after this host. Job
-# accounting is off (no slurmdbd) and processes are tracked without cgroups
-# (linuxproc): the machine may be a container without a writable cgroup tree.
+# write_conf writes slurm.conf for the four nodes. Job accounting is off (no
+# slurmdbd) and processes are tracked without cgroups (linuxproc): the
+# machine may be a container without a writable cgroup tree.
 write_conf() {
-	local node cpus mem tmp
-	node=$(hostname -s)
-	# slurmd -C prints this node's line as slurm.conf wants it.
-	read -r cpus mem < <(slurmd -C | sed -n 's/^NodeName=.* CPUs=\([0-9]*\) .*RealMemory=\([0-9]*\).*/\1 \2/p')
-	[ -n "${cpus:-}" ] && [ -n "${mem:-}" ] || die "could not read CPUs and RealMemory from slurmd -C"
+	local tmp i
 	tmp=$(mktemp)
 	cat >"$tmp" <<EOF
 $MARKER
-# One node, this host. Edit the script, not this file: it is rewritten.
+# Four nodes on this host, each slurmd in its own network namespace.
+# Edit the script, not this file: it is rewritten.
 ClusterName=snapcoord
-SlurmctldHost=$node
+SlurmctldHost=$(hostname -s)($NET.1)
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
@@ -55,22 +71,34 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SchedulerType=sched/backfill
 ReturnToService=2
+# A node whose slurmd stops answering is DOWN after this many seconds, and
+# its jobs requeued: short, for the test's node failure.
+SlurmdTimeout=10
 StateSaveLocation=/var/lib/slurm/slurmctld
+# Per node: each slurmd's mount namespace binds its own directory here.
 SlurmdSpoolDir=/var/lib/slurm/slurmd
-SlurmctldPidFile=/run/slurmctld.pid
-SlurmdPidFile=/run/slurmd.pid
+SlurmdPidFile=/var/lib/slurm/slurmd/slurmd.pid
+SlurmctldPidFile=$RUNDIR/slurmctld.pid
 SlurmctldLogFile=/var/log/slurm/slurmctld.log
-SlurmdLogFile=/var/log/slurm/slurmd.log
+# The nodes are namespaces of one host: each offers the CPUs written here
+# whatever the machine has (2 tasks per node), as slurm.conf says, not as
+# slurmd finds.
+SlurmdParameters=config_overrides
 # Slurm's defaults, written out because docs/slurm.md relies on them: SIGTERM
 # at the time limit, SIGKILL KillWait seconds later; no grace beyond it.
 KillWait=30
 OverTimeLimit=0
-NodeName=$node CPUs=$cpus RealMemory=$mem State=UNKNOWN
-PartitionName=debug Nodes=$node Default=YES MaxTime=INFINITE State=UP
 EOF
+	for i in "${!NODES[@]}"; do
+		echo "NodeName=${NODES[$i]} NodeAddr=$NET.$((11 + i)) CPUs=2 RealMemory=1000 State=UNKNOWN" >>"$tmp"
+	done
+	echo "PartitionName=debug Nodes=$(
+		IFS=,
+		echo "${NODES[*]}"
+	) Default=YES MaxTime=INFINITE State=UP" >>"$tmp"
 	if [ -f "$CONF" ] && cmp -s "$tmp" "$CONF"; then
 		rm -f "$tmp"
-		return 1 # unchanged
+		return 0
 	fi
 	if [ -f "$CONF" ] && ! grep -qxF "$MARKER" "$CONF"; then
 		rm -f "$tmp"
@@ -78,26 +106,33 @@ EOF
 	fi
 	install -m 0644 "$tmp" "$CONF"
 	rm -f "$tmp"
-	log "wrote $CONF (node $node, $cpus CPUs, $mem MB)"
-	return 0
+	log "wrote $CONF (nodes ${NODES[*]})"
 }
 
 running() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
-stop_daemon() {
-	local pidfile=$1 name=$2 i
-	running "$pidfile" || return 0
-	log "stopping $name (new slurm.conf)"
-	kill "$(cat "$pidfile")"
-	for i in $(seq 50); do
-		running "$pidfile" || return 0
-		sleep 0.1
+make_network() {
+	local i node
+	if ! ip link show "$BRIDGE" >/dev/null 2>&1; then
+		ip link add "$BRIDGE" type bridge
+		ip addr add "$NET.1/24" dev "$BRIDGE"
+	fi
+	ip link set "$BRIDGE" up
+	for i in "${!NODES[@]}"; do
+		node=${NODES[$i]}
+		ip netns list | grep -qw "snapcoord-$node" && continue
+		ip netns add "snapcoord-$node"
+		ip link add "snapcoord-$node" type veth peer name eth0 netns "snapcoord-$node"
+		ip link set "snapcoord-$node" master "$BRIDGE" up
+		ip -n "snapcoord-$node" addr add "$NET.$((11 + i))/24" dev eth0
+		ip -n "snapcoord-$node" link set eth0 up
+		ip -n "snapcoord-$node" link set lo up
 	done
-	die "$name did not stop"
+	log "network namespaces snapcoord-${NODES[0]}...${NODES[-1]} on bridge $BRIDGE ($NET.0/24)"
 }
 
-start_daemons() {
-	mkdir -p /run/munge /var/log/munge /var/lib/munge /var/log/slurm /var/lib/slurm/slurmctld /var/lib/slurm/slurmd
+start_munged() {
+	mkdir -p /run/munge /var/log/munge /var/lib/munge
 	chown munge:munge /run/munge /var/log/munge /var/lib/munge
 	if [ ! -s /etc/munge/munge.key ]; then
 		log "creating /etc/munge/munge.key"
@@ -108,42 +143,66 @@ start_daemons() {
 	if ! running /run/munge/munged.pid; then
 		log "starting munged"
 		runuser -u munge -- /usr/sbin/munged
+		cp /run/munge/munged.pid "$RUNDIR/munged.pid" # ours to stop
 	fi
-	if ! running /run/slurmctld.pid; then
+}
+
+start_slurm() {
+	local node
+	mkdir -p /var/log/slurm /var/lib/slurm/slurmctld /var/lib/slurm/slurmd
+	if ! running "$RUNDIR/slurmctld.pid"; then
 		log "starting slurmctld"
 		slurmctld
 	fi
-	if ! running /run/slurmd.pid; then
-		log "starting slurmd"
-		slurmd
-	fi
+	for node in "${NODES[@]}"; do
+		mkdir -p "/var/lib/slurm/nodes/$node"
+		running "/var/lib/slurm/nodes/$node/slurmd.pid" && continue
+		log "starting slurmd $node"
+		# The node's network namespace, and a mount namespace of its own
+		# where the bind mount gives it its own spool and pid file. Not `ip
+		# netns exec`: it mounts a fresh /sys, without the cgroup tree
+		# slurmd looks for.
+		nsenter --net="/run/netns/snapcoord-$node" unshare --mount --propagation private sh -c \
+			'mount --bind "/var/lib/slurm/nodes/$1" /var/lib/slurm/slurmd && exec slurmd -N "$1" -L "/var/log/slurm/slurmd-$1.log"' \
+			sh "$node"
+	done
 }
 
 wait_idle() {
-	local node state i
-	node=$(hostname -s)
+	local states i
 	for i in $(seq "$WAIT_S"); do
-		state=$(sinfo -h -n "$node" -o %T 2>/dev/null || true)
-		case $state in
-		idle | mixed | allocated)
-			log "node $node is $state ($(sinfo -V))"
+		states=$(sinfo -h -N -o '%N %T' 2>/dev/null | sort -u || true)
+		if [ -n "$states" ] && ! grep -qv ' idle$' <<<"$states"; then
+			log "nodes ${NODES[*]} idle ($(sinfo -V))"
 			return 0
-			;;
-		down* | drain*)
-			# A node that was down before the restart: ReturnToService=2
-			# brings it back once slurmd registers; nudge it in case.
-			scontrol update NodeName="$node" State=RESUME 2>/dev/null || true
-			;;
-		esac
+		fi
+		# A node that was down before a restart: ReturnToService=2 brings it
+		# back once its slurmd registers; nudge it in case.
+		grep -E ' (down|drain)' <<<"$states" | while read -r n _; do scontrol update NodeName="$n" State=RESUME 2>/dev/null || true; done
 		sleep 1
 	done
-	die "node $node not idle after ${WAIT_S}s (state '${state:-?}'); see /var/log/slurm/slurmctld.log and slurmd.log"
+	die "nodes not idle after ${WAIT_S}s: $(tr '\n' ' ' <<<"$states"); see /var/log/slurm/slurmctld.log and slurmd-*.log"
+}
+
+# stop_old PIDFILE NAME: stops a daemon of the single-node cluster an earlier
+# version of this script started (its slurmd would hold this host's port).
+stop_old() {
+	running "$1" || return 0
+	log "stopping the single-node cluster's $2"
+	kill "$(cat "$1")"
+	for _ in $(seq 50); do
+		running "$1" || return 0
+		sleep 0.1
+	done
+	die "$2 did not stop"
 }
 
 install_packages
-if write_conf; then
-	stop_daemon /run/slurmd.pid slurmd
-	stop_daemon /run/slurmctld.pid slurmctld
-fi
-start_daemons
+mkdir -p "$RUNDIR"
+stop_old /run/slurmd.pid slurmd
+stop_old /run/slurmctld.pid slurmctld
+write_conf
+make_network
+start_munged
+start_slurm
 wait_idle

@@ -35,6 +35,9 @@ type serveConfig struct {
 	maxConcurrentStreams uint
 	// etcdEndpoints is --etcd-endpoints, split into Config by parseServe.
 	etcdEndpoints string
+	// tlsSelfSigned is --tls-self-signed: a directory where runServe makes
+	// the CA and certificate that then fill TLSCert and TLSKey.
+	tlsSelfSigned string
 }
 
 // adminTokenEnv holds one admin token. It is a variable, not a flag, so the
@@ -70,6 +73,7 @@ func newServeFlags(cfg *serveConfig) *flag.FlagSet {
 	fs.BoolVar(&c.Insecure, "insecure", def.Insecure, "allow listening on a non-loopback address with no admin token (RunService open to anyone who can connect), or --pprof on a non-loopback --metrics-listen")
 	fs.StringVar(&c.TLSCert, "tls-cert", def.TLSCert, "PEM certificate `file` for TLS (with --tls-key)")
 	fs.StringVar(&c.TLSKey, "tls-key", def.TLSKey, "PEM private key `file` for TLS (with --tls-cert)")
+	fs.StringVar(&cfg.tlsSelfSigned, "tls-self-signed", "", "`directory` (the job's, on storage every client's node sees) where the coordinator makes a CA (reused while valid) and a certificate for this host's --listen address and names, keys 0600, and serves TLS with it; clients trust DIR/"+selfSignedCA+" (SNAPCOORD_CA_FILE). Excludes --tls-cert and --tls-key")
 	fs.StringVar(&c.ClientCA, "client-ca", def.ClientCA, "PEM CA `file`: require client certificates signed by it (mutual TLS; needs --tls-cert)")
 	durations.Var(fs, &c.CredentialsCheckInterval, "credentials-check-interval", def.CredentialsCheckInterval, durations.Options{}, "how often --admin-token-file, --viewer-token-file, --tls-cert, --tls-key and --client-ca are checked for changes and reloaded (0: only on SIGHUP, which always reloads them)")
 	fs.StringVar((*string)(&c.Reflection), "reflection", string(def.Reflection), "server reflection: open, auth (admin token), off, or auto (open on a loopback --listen, auth otherwise)")
@@ -156,7 +160,9 @@ func (c serveConfig) validate() error {
 		return fmt.Errorf("--lease-ttl (%s) must be longer than --heartbeat-interval (%s)", c.LeaseTTL, c.HeartbeatInterval)
 	case (c.TLSCert == "") != (c.TLSKey == ""):
 		return errors.New("--tls-cert and --tls-key must be given together")
-	case c.ClientCA != "" && c.TLSCert == "":
+	case c.tlsSelfSigned != "" && c.TLSCert != "":
+		return fmt.Errorf("--tls-self-signed (%s) makes its own certificate: drop --tls-cert and --tls-key", envName("tls-self-signed"))
+	case c.ClientCA != "" && c.TLSCert == "" && c.tlsSelfSigned == "":
 		return errors.New("--client-ca (mutual TLS) needs --tls-cert and --tls-key")
 	case c.Reflection != coordinator.ReflectionAuto && c.Reflection != coordinator.ReflectionOpen && c.Reflection != coordinator.ReflectionAuth && c.Reflection != coordinator.ReflectionOff:
 		return fmt.Errorf("--reflection (%s) must be auto, open, auth or off, not %q", envName("reflection"), c.Reflection)

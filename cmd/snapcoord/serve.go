@@ -11,6 +11,7 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/snapcoord/snapcoord/cmd/internal/version"
 	"github.com/snapcoord/snapcoord/coordinator"
@@ -37,7 +38,17 @@ func runServe(ctx context.Context, args []string, lookupEnv func(string) (string
 		fmt.Fprintf(stderr, "snapcoord serve: %v\n", err)
 		return exitUsage
 	}
-	if err := serve(ctx, cfg, lookupEnv, newLogger(cfg, stderr)); err != nil {
+	log := newLogger(cfg, stderr)
+	if cfg.tlsSelfSigned != "" {
+		made, err := provisionSelfSigned(cfg.tlsSelfSigned, cfg.Listen, time.Now())
+		if err != nil {
+			fmt.Fprintf(stderr, "snapcoord serve: %v\n", err)
+			return exitFail
+		}
+		cfg.TLSCert, cfg.TLSKey = made.CertFile, made.KeyFile
+		log.Info("self-signed TLS", "ca_file", made.CAFile, "ca_reused", made.CAReused, "hosts", made.Hosts)
+	}
+	if err := serve(ctx, cfg, lookupEnv, log); err != nil {
 		fmt.Fprintf(stderr, "snapcoord serve: %v\n", err)
 		return exitFail
 	}

@@ -1,75 +1,147 @@
 #!/usr/bin/env python3
-"""One trainer rank of the Slurm recipe (docs/slurm.md), a stand-in for a
-real training loop: each step sleeps like an iteration, every
---checkpoint-every steps it writes a checkpoint, and after every step it asks
-the coordinator whether there is time for another. At SAVE_AND_STOP it saves
-the step it was told and stops.
+"""One trainer rank of the Slurm recipe (docs/slurm.md): a real, small
+PyTorch data-parallel loop. Each step trains a linear model on a batch of
+its own, averages the gradients over every rank with ``all_reduce``
+(torch.distributed, gloo: CPU only) and then waits ``--iteration-seconds``
+like the rollouts of an RL step. Every ``--checkpoint-every`` steps, and at
+the step the coordinator says, each rank writes its ``torch.save``
+checkpoint.
 
-It resumes from the newest checkpoint all ranks wrote (a requeued job starts
-again from there). The coordinator and the run come from the SNAPCOORD_*
-variables that `snapctl run create` exported, the rank from SLURM_PROCID.
-Exits 0 once the run told it to stop, 3 if another process took its rank.
+The coordinator decides through snapcoord's NeMo RL drop-in
+(``snapcoord.nemo_rl.TimeoutChecker``), which a NeMo RL loop uses the same
+way: ``mark_iteration()`` after the step, ``check_save()`` for the decision,
+``checkpoint_saved()`` after the save. It also numbers the steps on a
+requeue (the run's newest checkpoint every rank saved, as the coordinator
+knows it) and, should the coordinator be gone, decides by the fail-safe plan.
+
+Every rank must stop at the same step: one that stopped while the others
+went on would leave them waiting in their next ``all_reduce``. So after each
+decision the ranks compare theirs (an ``all_reduce`` of it): if they differ,
+each says so and exits 2; and the process group has a timeout
+(``--collective-timeout``), so a hang becomes an error.
+
+Rendezvous: MASTER_ADDR and MASTER_PORT (the batch script sets them), the
+rank and world size from SLURM_PROCID and SLURM_NTASKS. Exits 0 once the run
+told it to stop (after saving), 2 on a disagreement, 3 if another process
+took its rank.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import datetime
+import logging
 import os
 import sys
 import time
 from pathlib import Path
 
+import torch
+import torch.distributed as dist
+
 import snapcoord
-from snapcoord import Phase
+from snapcoord.nemo_rl import RunStopped, TimeoutChecker
 
 
-def latest_complete(directory: Path, world: int) -> int:
-    """The newest step every rank saved, 0 if none."""
-    steps = [int(p.name[5:]) for p in directory.glob("step_*") if p.name[5:].isdigit()]
-    for step in sorted(steps, reverse=True):
-        if all((directory / f"step_{step}" / f"rank-{r}.json").exists() for r in range(world)):
-            return step
-    return 0
+def checkpoint_path(directory: Path, step: int, rank: int) -> Path:
+    return directory / f"step_{step}" / f"rank-{rank}.pt"
 
 
-def save(directory: Path, rank: int, step: int, seconds: float) -> float:
-    """Writes step_N/rank-R.json atomically, taking about `seconds`."""
-    t0 = time.monotonic()
-    path = directory / f"step_{step}" / f"rank-{rank}.json"
+def save(path: Path, step: int, model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
+    """torch.save of the model and optimizer, atomically."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    time.sleep(seconds)  # a real checkpoint's writes
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"step": step, "rank": rank}))
+    torch.save({"step": step, "model": model.state_dict(), "optimizer": opt.state_dict()}, tmp)
     os.replace(tmp, path)
-    return time.monotonic() - t0
+
+
+def train_step(step: int, rank: int, world: int, model: torch.nn.Module, opt: torch.optim.Optimizer) -> float:
+    """One step of data-parallel SGD: the gradients averaged over all ranks."""
+    gen = torch.Generator().manual_seed(step * 1000 + rank)
+    x = torch.randn(64, 16, generator=gen)
+    y = x.sum(dim=1, keepdim=True)
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    opt.zero_grad()
+    loss.backward()
+    for p in model.parameters():
+        assert p.grad is not None
+        dist.all_reduce(p.grad)
+        p.grad /= world
+    opt.step()
+    return float(loss)
+
+
+def agree(save: bool) -> bool:
+    """Whether every rank got the same answer (all ranks call this each step)."""
+    flags = torch.tensor([float(save), -float(save)])
+    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    return bool(flags[0] == -flags[1])
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--checkpoint-dir", type=Path, required=True)
-    ap.add_argument("--iteration-seconds", type=float, default=3.0)
+    ap.add_argument("--iteration-seconds", type=float, default=3.0, help="rollout time per step, besides the training")
     ap.add_argument("--checkpoint-every", type=int, default=4)
-    ap.add_argument("--checkpoint-seconds", type=float, default=0.5)
+    ap.add_argument("--collective-timeout", type=float, default=120.0, help="seconds before a collective that hangs fails")
     args = ap.parse_args()
     rank, world = int(os.environ["SLURM_PROCID"]), int(os.environ["SLURM_NTASKS"])
+    node = os.environ.get("SLURMD_NODENAME", "?")
+    # The drop-in logs what it decides without the coordinator (WARNING).
+    logging.basicConfig(level=logging.WARNING, format=f"rank {rank} on {node}: %(levelname)s %(message)s")
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=args.collective_timeout),
+    )
+    torch.manual_seed(0)
+    model = torch.nn.Linear(16, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
 
-    step = latest_complete(args.checkpoint_dir, world) + 1
-    print(f"rank {rank}: starting at step {step}", flush=True)
-    with snapcoord.connect() as client, client.trainer(rank) as trainer:
+    # Registers this rank (SLURM_PROCID) with the run in SNAPCOORD_*.
+    checker = TimeoutChecker(timeout=None, fit_last_save_time=True)
+    if checker.step:
+        state = torch.load(checkpoint_path(args.checkpoint_dir, checker.step, rank))
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+    print(f"rank {rank} on {node}: starting at step {checker.step + 1}", flush=True)
+    checker.start_iterations()
+    waits: list[float] = []  # how long each decision took: the coordinator's cost per step
+    try:
         while True:
+            loss = train_step(checker.step + 1, rank, world, model, opt)
+            time.sleep(args.iteration_seconds)  # the rollouts of an RL step
+            checker.mark_iteration()
+            step = checker.step
             t0 = time.monotonic()
-            time.sleep(args.iteration_seconds)  # rollouts and a policy update
-            decision = trainer.complete_step(step, time.monotonic() - t0)
-            print(f"rank {rank}: step {step}: {decision.action.name}", flush=True)
-            if decision.should_save or (step % args.checkpoint_every == 0 and not decision.should_stop):
-                took = save(args.checkpoint_dir, rank, step, args.checkpoint_seconds)
-                trainer.report_checkpoint(step, Phase.SAVED, took)
-                print(f"rank {rank}: step {step}: checkpoint saved in {took:.2f} s", flush=True)
-            if decision.should_stop:
-                print(f"rank {rank}: stopping after step {step}", flush=True)
+            should_save = checker.check_save()
+            waits.append(time.monotonic() - t0)
+            if len(waits) == 1:
+                print(f"rank {rank} on {node}: first decision at {time.time():.3f}", flush=True)
+            if not agree(should_save):
+                print(f"rank {rank} on {node}: step {step}: the ranks disagree on saving (this one: {should_save})", flush=True)
+                return 2
+            print(f"rank {rank} on {node}: step {step}: loss {loss:.4f}{', save and stop' if should_save else ''}", flush=True)
+            if should_save or step % args.checkpoint_every == 0:
+                t0 = time.monotonic()
+                save(checkpoint_path(args.checkpoint_dir, step, rank), step, model, opt)
+                checker.checkpoint_saved()
+                print(f"rank {rank} on {node}: step {step}: checkpoint saved in {time.monotonic() - t0:.2f} s", flush=True)
+            if should_save:
+                print(f"rank {rank} on {node}: stopping after step {step}", flush=True)
                 return 0
-            step += 1
+    except RunStopped as err:
+        print(f"rank {rank} on {node}: {err}", flush=True)
+        return 0
+    finally:
+        if waits:
+            waits.sort()
+            print(f"rank {rank} on {node}: decisions over {len(waits)} steps took median {waits[len(waits) // 2] * 1000:.1f} ms, "
+                  f"max {waits[-1] * 1000:.1f} ms", flush=True)  # fmt: skip
+        checker.close()
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -136,10 +136,30 @@ _CLASSES: dict[grpc.StatusCode, type[SnapcoordError]] = {
 }
 
 
+# What gRPC's TLS says (in an UNAVAILABLE's details) when the coordinator's
+# certificate is signed by a CA this process does not trust: with
+# BoringSSL, CERTIFICATE_VERIFY_FAILED; with OpenSSL, "certificate verify
+# failed".
+_UNTRUSTED = ("CERTIFICATE_VERIFY_FAILED", "certificate verify failed")
+
+#: Appended to such an error: gRPC's own words name no remedy.
+UNTRUSTED_HINT = (
+    "the coordinator's TLS certificate is not signed by a CA this process trusts: set SNAPCOORD_CA_FILE to the CA "
+    "certificate that signed it (for a job's coordinator started with --tls-self-signed DIR: DIR/ca.pem)"
+)
+
+
+def untrusted_certificate(message: str) -> bool:
+    """Whether a call failed because the coordinator's certificate is not trusted."""
+    return any(s in message for s in _UNTRUSTED)
+
+
 def from_rpc_error(err: grpc.RpcError) -> SnapcoordError:
     """The exception for a failed call (``grpc.RpcError`` from a raw stub)."""
     code = err.code() if isinstance(err, grpc.Call) else grpc.StatusCode.UNKNOWN
     message = (err.details() if isinstance(err, grpc.Call) else str(err)) or ""
+    if code == grpc.StatusCode.UNAVAILABLE and untrusted_certificate(message):
+        message = f"{message}. {UNTRUSTED_HINT}"
     reason = error_reason(err)
     cls = _CLASSES.get(code, SnapcoordError)
     if code == grpc.StatusCode.FAILED_PRECONDITION and reason == REASON_SUPERSEDED:

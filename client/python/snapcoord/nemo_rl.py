@@ -66,7 +66,7 @@ from typing import Mapping, Optional
 
 from snapcoord._plan import Plan, nemo_rule
 from snapcoord.client import DEFAULT_ADDR, Client, connect
-from snapcoord.errors import SnapcoordError, UnavailableError
+from snapcoord.errors import SnapcoordError, UnavailableError, untrusted_certificate
 from snapcoord.trainer import Trainer
 from snapcoord.types import Action, Decision, Phase
 
@@ -208,6 +208,8 @@ class TimeoutChecker:
         except UnavailableError as err:
             if self._own_client:
                 self._client.close()
+            if untrusted_certificate(err.message):
+                raise CoordinatorUnreachable(f"snapcoord: cannot connect to {self._addr} over TLS: {err.message}", err.code) from None
             raise CoordinatorUnreachable(
                 f"snapcoord: no coordinator answered at {self._addr} within {connect_timeout:g} s ({err}): start it, "
                 "or point SNAPCOORD_ADDR at it (unset the SNAPCOORD_* variables to decide without one)",

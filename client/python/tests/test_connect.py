@@ -18,6 +18,7 @@ from conftest import Coordinator, free_port, run_spec
 
 import snapcoord
 from snapcoord._retry import RETRIED_METHODS, RetryPolicy
+from snapcoord.nemo_rl import CoordinatorUnreachable, TimeoutChecker
 from snapcoord._worker import poll_wait_seconds
 from snapcoord.client import _Details, _Retry, is_loopback, parse_duration, read_token_file
 
@@ -256,3 +257,40 @@ def test_backoff_is_jittered_exponential_and_bounded() -> None:
         assert all(nominal * 0.8 <= w <= nominal * 1.2 for w in waits)
         assert len(set(waits)) > 1  # jittered
     assert max(p.follow_wait(n) for n in range(1, 20)) <= 1.0
+
+
+def test_self_signed_coordinator_names_the_ca_variable_to_a_client_without_it(snapcoord_bin: str, tmp_path: pathlib.Path) -> None:
+    """A coordinator with --tls-self-signed DIR: a client given DIR/ca.pem
+    (SNAPCOORD_CA_FILE) works; one without it, as on a node where the
+    variable was not exported, is told to set SNAPCOORD_CA_FILE, not to
+    start a coordinator that is running."""
+    tls_dir = tmp_path / "tls"
+    # The CA is made at the first start and kept: make it, then serve with it.
+    first = subprocess.Popen([snapcoord_bin, "serve", "--listen", "127.0.0.1:0", "--data-dir", str(tmp_path / "d0"),
+                              "--metrics-listen", "", "--tls-self-signed", str(tls_dir)], stderr=subprocess.PIPE)  # fmt: skip
+    assert first.stderr is not None
+    for line in first.stderr:
+        if b"msg=serving" in line:
+            break
+    first.terminate()
+    first.wait()
+    ca = (tls_dir / "ca.pem").read_bytes()
+    coord = Coordinator(snapcoord_bin, tmp_path, ("--tls-self-signed", str(tls_dir)),
+                        credentials=grpc.ssl_channel_credentials(ca), server_name="127.0.0.1")  # fmt: skip
+    try:
+        env = {"SNAPCOORD_ADDR": coord.addr, "SNAPCOORD_CA_FILE": str(tls_dir / "ca.pem"), "SNAPCOORD_TIMEOUT": "10s"}
+        with snapcoord.connect(env=env) as admin:
+            _, token = admin.create_run("job-run", run_spec(1, budget="00:01:00:00"))
+        # TLS, as to another node's address (told neither way, a client
+        # speaks plaintext to loopback).
+        without = {"SNAPCOORD_ADDR": coord.addr, "SNAPCOORD_PLAINTEXT": "false", "SNAPCOORD_RUN_ID": "job-run", "SNAPCOORD_RUN_TOKEN": token}
+        with snapcoord.connect(env=without, timeout=5, retry=RetryPolicy(max_attempts=1)) as c:
+            with pytest.raises(snapcoord.UnavailableError) as err:
+                c.get_run("job-run")
+        assert "set SNAPCOORD_CA_FILE" in str(err.value)
+        with pytest.raises(CoordinatorUnreachable) as unreachable:
+            TimeoutChecker(timeout=None, env=without)
+        assert "over TLS" in str(unreachable.value) and "set SNAPCOORD_CA_FILE" in str(unreachable.value)
+        assert "start it" not in str(unreachable.value)
+    finally:
+        coord.stop()

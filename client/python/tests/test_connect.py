@@ -207,7 +207,7 @@ def test_retries_exactly_the_listed_methods_on_unavailable() -> None:
     down = [grpc.StatusCode.UNAVAILABLE]
     for method in RETRIED_METHODS:
         assert attempts(method, down, fast) == 4, method
-    assert attempts("/snapcoord.v1.RunService/TriggerDeadline", down, fast) == 1
+    assert attempts("/snapcoord.v1.RunService/ReissueRunToken", down, fast) == 1
     assert attempts("/snapcoord.v1.WorkerService/StreamCommands", down, fast) == 1
     get_run = "/snapcoord.v1.RunService/GetRun"
     assert attempts(get_run, [grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.OK], fast) == 2

@@ -70,18 +70,20 @@ func TestSeveralAddressesReachTheLeader(t *testing.T) {
 // A follower that still reports SERVING (a deposed leader that has not
 // noticed yet) refuses calls with NOT_LEADER: the client makes them again,
 // even those it never retries otherwise (TriggerDeadline), since the
-// follower did nothing. Alone in the list, it fails after the policy's
-// attempts, and the error names the leader.
+// follower did nothing, and at the leader, passing the follower over
+// though its health says SERVING. Alone in the list, it fails after the
+// policy's attempts, and the error names the leader.
 func TestCallsRefusedAsNotLeaderAreRetried(t *testing.T) {
 	co := startCoordinator(t)
 	f := fakefollower.Start(t, fakefollower.Options{Leader: co.addr, Serving: true})
-	admin := dialList(t, f.Addr()+","+co.addr, "")
-	// round_robin alternates between the two once both are up: within a
-	// few runs some calls meet the follower.
+	// The client sends its calls to the coordinator whose health turned
+	// SERVING last: the follower in about every other new client.
+	var admin *client.Client
 	for i := 0; f.Calls() == 0; i++ {
 		if i == 50 {
-			t.Fatal("50 runs created and deadlines triggered, and none of the calls reached the follower")
+			t.Fatal("50 clients created runs and triggered deadlines, and none of the calls reached the follower")
 		}
+		admin = dialList(t, f.Addr()+","+co.addr, "")
 		id := fmt.Sprintf("r%d", i)
 		if _, err := admin.Runs.CreateRun(t.Context(), &v1.CreateRunRequest{RunId: id, Spec: turnSpec(1)}); err != nil {
 			t.Fatalf("CreateRun(%s): %v", id, err)
@@ -90,9 +92,18 @@ func TestCallsRefusedAsNotLeaderAreRetried(t *testing.T) {
 			t.Fatalf("TriggerDeadline(%s): %v", id, err)
 		}
 	}
+	before := f.Calls()
+	for range 5 {
+		if _, err := admin.Runs.ListRuns(t.Context(), &v1.ListRunsRequest{}); err != nil {
+			t.Fatalf("ListRuns: %v", err)
+		}
+	}
+	if got := f.Calls() - before; got != 0 {
+		t.Errorf("after its refusal the follower got %d more calls of 5, want it passed over", got)
+	}
 
 	alone := dialList(t, f.Addr(), "", client.WithRetry(client.RetryPolicy{MaxAttempts: 3, Base: time.Millisecond, Max: time.Millisecond}))
-	before := f.Calls()
+	before = f.Calls()
 	_, err := alone.Runs.TriggerDeadline(t.Context(), &v1.TriggerDeadlineRequest{RunId: "r0"})
 	leader, ok := client.NotLeader(err)
 	if status.Code(err) != codes.Unavailable || !ok || leader != co.addr {

@@ -63,7 +63,7 @@ func (c *Client) WatchEvents(ctx context.Context, runID string, afterSeq int64, 
 		}
 		failures++
 		if c.watchGivesUp(ctx, follow, failures) || !pause(ctx, c.conn, c.retry.backoff(failures)) {
-			return fmt.Errorf("client: watch run %s: %w", runID, lastWord(ctx, err))
+			return fmt.Errorf("client: watch run %s: %w", runID, err)
 		}
 	}
 }

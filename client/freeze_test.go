@@ -65,13 +65,13 @@ func startHAGroup(t *testing.T, n int) []*coordproc.Proc {
 }
 
 // A leader frozen by SIGSTOP (a long GC pause, a stuck disk, a VM stall)
-// costs a client given every address no more than the failover: a step
-// in flight on the frozen leader, and the command stream of an environment
-// worker opened there, move to the next leader as soon as it serves, not
-// when the frozen one runs again (2× and 5× the election TTL later) or
-// keepalive gives up on it. A deadline fired at the new leader reaches the
-// worker, and its report is counted, within the TTL + 1 s of the new leader
-// serving.
+// costs a client given every address no more than the failover: a step in
+// flight on the frozen leader, and an environment worker's command stream
+// and an event watch open there, move to the next leader as soon as it
+// serves, not when the frozen one runs again (2× and 5× the election TTL
+// later) or keepalive gives up on it. The step is answered, and a run
+// cancelled at the new leader is heard by the worker and the watch, within
+// the TTL + 1 s.
 func TestFrozenLeaderCallsMoveToTheNextLeader(t *testing.T) {
 	for _, freeze := range []time.Duration{2 * freezeTTL, 5 * freezeTTL} {
 		t.Run(fmt.Sprintf("frozen %v", freeze), func(t *testing.T) { frozenLeader(t, freeze) })
@@ -85,52 +85,57 @@ func frozenLeader(t *testing.T, freeze time.Duration) {
 	old, _ := coordproc.LeaderForTest(ctx, t, procs, nil)
 	list := procs[0].Addr + "," + procs[1].Addr
 	admin := dialList(t, list, "")
-	created, err := admin.Runs.CreateRun(ctx, &v1.CreateRunRequest{RunId: "r1", Spec: turnSpec(1)})
-	if err != nil {
-		t.Fatalf("CreateRun: %v", err)
+	runClient := func(id string) *client.Client {
+		created, err := admin.Runs.CreateRun(ctx, &v1.CreateRunRequest{RunId: id, Spec: turnSpec(1)})
+		if err != nil {
+			t.Fatalf("CreateRun: %v", err)
+		}
+		return dialList(t, list, created.GetRunToken())
 	}
-	workers := dialList(t, list, created.GetRunToken())
-	rank, err := workers.StartTrainer(ctx, client.TrainerConfig{RunID: "r1", Rank: 0, Logger: testLogger(t),
+	// r1: a trainer rank steps; r2: an environment worker and a watch follow.
+	rank, err := runClient("r1").StartTrainer(ctx, client.TrainerConfig{RunID: "r1", Rank: 0, Logger: testLogger(t),
 		FailSafe: &client.FailSafeConfig{Off: true}})
 	if err != nil {
 		t.Fatalf("StartTrainer: %v", err)
 	}
 	t.Cleanup(func() { closeWorker(t, rank) })
-	env := startEnvWorker(t, workers, "r1", false)
+	env := startEnvWorker(t, runClient("r2"), "r2", false)
 	if _, err := rank.CompleteStep(ctx, 1, time.Second); err != nil {
 		t.Fatalf("step 1: %v", err)
 	}
+	events := make(chan *v1.RunEvent, 64)
+	watched := make(chan error, 1)
+	go func() {
+		watched <- admin.WatchEvents(ctx, "r2", 0, true, func(ev *v1.RunEvent) error { events <- ev; return nil })
+	}()
+	<-events // the run's creation: the watch is open
 
 	if err := old.Pause(); err != nil {
 		t.Fatal(err)
 	}
 	frozen := time.Now()
-	resumed := make(chan struct{})
-	thaw := time.AfterFunc(freeze, func() {
-		defer close(resumed)
-		if err := old.Resume(); err != nil {
-			t.Error(err)
-		}
-	})
+	thaw := time.AfterFunc(freeze, func() { _ = old.Resume() })
 	t.Cleanup(func() {
 		if thaw.Stop() {
 			_ = old.Resume()
-			close(resumed)
 		}
-		<-resumed
 	})
 	type answer struct {
-		d   *v1.Decision
 		err error
 		at  time.Time
 	}
 	stepped := make(chan answer, 1)
 	go func() {
-		d, err := rank.CompleteStep(ctx, 2, time.Second)
-		stepped <- answer{d, err, time.Now()}
+		_, err := rank.CompleteStep(ctx, 2, time.Second)
+		stepped <- answer{err, time.Now()}
 	}()
 
 	next, serving := coordproc.LeaderForTest(ctx, t, procs, old)
+	direct := dialList(t, next.Addr, "")
+	if _, err := direct.Runs.CancelRun(ctx, &v1.CancelRunRequest{RunId: "r2", Reason: "test"}); err != nil {
+		t.Fatalf("CancelRun at the next leader: %v", err)
+	}
+	cancelled := time.Now()
 	t.Logf("leader %s frozen for %v; %s SERVING %v later (election TTL %v)", old.Addr, freeze, next.Addr,
 		serving.Sub(frozen).Round(time.Millisecond), freezeTTL)
 	bound := freezeTTL + time.Second
@@ -144,42 +149,18 @@ func frozenLeader(t *testing.T, freeze time.Duration) {
 		t.Errorf("step 2 answered %v after the next leader served, want within %v", late.Round(time.Millisecond), bound)
 	}
 
-	// The deadline, fired at the new leader, reaches the worker whose
-	// command stream was on the frozen one.
-	direct := dialList(t, next.Addr, "")
-	if _, err := direct.Runs.TriggerDeadline(ctx, &v1.TriggerDeadlineRequest{RunId: "r1", Reason: "test"}); err != nil {
-		t.Fatalf("TriggerDeadline: %v", err)
+	if cmd := nextCommand(t, env); cmd.GetStop() == nil {
+		t.Fatalf("got %v, want the Stop of the cancelled run", cmd)
 	}
-	if d, err := rank.CompleteStep(ctx, 3, time.Second); err != nil || d.GetAction() != v1.StepAction_STEP_ACTION_SAVE_AND_STOP {
-		t.Fatalf("step 3 after the deadline fired: %v, %v; want SAVE_AND_STOP", d, err)
+	heard := time.Since(cancelled)
+	if err := <-watched; err != nil {
+		t.Fatalf("the watch of the cancelled run: %v", err)
 	}
-	if _, err := rank.ReportCheckpoint(ctx, 3, v1.CheckpointPhase_CHECKPOINT_PHASE_SAVED, time.Second); err != nil {
-		t.Fatalf("ReportCheckpoint: %v", err)
-	}
-	fired := time.Now() // the coordinator sends SaveAtDeadline now
-	cmd := nextCommand(t, env)
-	save := cmd.GetSaveAtDeadline()
-	if save == nil {
-		t.Fatalf("got %v, want a SaveAtDeadline", cmd)
-	}
-	if _, err := env.ReportSnapshot(ctx, save.GetSnapshotId(), v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SAVED, 0, "ok"); err != nil {
-		t.Fatalf("ReportSnapshot: %v", err)
-	}
-	reported := time.Now()
-	t.Logf("SaveAtDeadline sent %v after the next leader served; received and its report answered %v after", fired.Sub(serving).Round(time.Millisecond),
-		reported.Sub(fired).Round(time.Millisecond))
-	if late := reported.Sub(fired); late > bound {
-		t.Errorf("the SaveAtDeadline, sent to a worker whose command stream was on the frozen leader, was received and reported %v later, want within %v",
-			late.Round(time.Millisecond), bound)
-	}
-	snaps, err := direct.Snapshots(ctx, "r1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if n := len(snaps); n != 1 || len(snaps[0].GetReports()) != 1 {
-		t.Fatalf("snapshots on the new leader: %v; want the deadline snapshot with its one report", snaps)
-	}
-	if run, err := direct.Runs.GetRun(ctx, &v1.GetRunRequest{RunId: "r1"}); err != nil || run.GetRun().GetState() != v1.RunState_RUN_STATE_STOPPED {
-		t.Fatalf("GetRun: %v, %v; want STOPPED", run.GetRun().GetState(), err)
+	watchedEnd := time.Since(cancelled)
+	t.Logf("run r2 cancelled at the next leader: its Stop reached the worker %v later, the watch ended %v later",
+		heard.Round(time.Millisecond), watchedEnd.Round(time.Millisecond))
+	if heard > bound || watchedEnd > bound {
+		t.Errorf("the worker's command stream and the watch, open on the frozen leader, heard the cancellation %v and %v later, want within %v",
+			heard.Round(time.Millisecond), watchedEnd.Round(time.Millisecond), bound)
 	}
 }

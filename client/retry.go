@@ -2,7 +2,6 @@ package client
 
 import (
 	"context"
-	"errors"
 	"slices"
 	"strings"
 	"time"
@@ -97,7 +96,8 @@ var retried = rpcfacts.Set(rpcfacts.RetrySafe)
 // coordinator. A call with a deadline of its own is retried until that
 // deadline, however many attempts it takes: a loss of quorum or an
 // election may last longer than MaxAttempts' backoffs (about 20 s), and the
-// caller said how long it can wait. MaxAttempts bounds the calls without one.
+// caller said how long it can wait: it then fails DEADLINE_EXCEEDED.
+// MaxAttempts bounds the calls without one.
 func (p RetryPolicy) unaryInterceptor(w *leaderWatch) grpc.UnaryClientInterceptor {
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 		once := p.MaxAttempts <= 1 || slices.ContainsFunc(opts, func(o grpc.CallOption) bool { _, ok := o.(noRetryOption); return ok })
@@ -111,21 +111,10 @@ func (p RetryPolicy) unaryInterceptor(w *leaderWatch) grpc.UnaryClientIntercepto
 				continue // the new leader serves: no wait
 			}
 			if !pause(ctx, cc, p.backoff(attempt)) {
-				return lastWord(ctx, err)
+				return status.FromContextError(ctx.Err()).Err()
 			}
 		}
 	}
-}
-
-// lastWord is what a call whose context ended between attempts fails
-// with: the last attempt's error when its deadline passed (UNAVAILABLE
-// saying why, rather than a bare "deadline exceeded"), CANCELED when it
-// was cancelled.
-func lastWord(ctx context.Context, err error) error {
-	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-		return err
-	}
-	return status.FromContextError(ctx.Err()).Err()
 }
 
 // attempt makes one attempt of a unary call, bounded: it is cut when

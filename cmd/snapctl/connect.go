@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -133,30 +134,53 @@ func (c *cli) awaitConnection(ctx context.Context, conn *grpc.ClientConn) error 
 			if parent := context.Cause(ctx); errors.Is(parent, context.Canceled) {
 				return parent
 			}
-			if e, ok := c.electingAmong(ctx); ok {
-				return e // a leader frozen or cut off, the others followers
+			res := probe.result()
+			if e, ok := c.silentLeader(ctx, res); ok {
+				return e
 			}
-			return c.noAnswer("did not answer", probe.result())
+			return c.noAnswer("did not answer", res)
 		}
 	}
 }
 
-// electingAmong, once the connect bound passed with no leader found among
-// several addresses (one of them silent: a leader frozen, or its host
-// gone), asks the others whether they are followers waiting for an
-// election, as connectFailure does.
+// electingAmong asks each of several addresses whether it is a follower
+// that knows no leader outside the list: then a leader is being elected.
 func (c *cli) electingAmong(ctx context.Context) (electing, bool) {
 	addrs := client.Addrs(c.conn.addr)
 	if len(addrs) < 2 {
 		return electing{}, false
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.connectWait())
-	defer cancel()
 	leader, refusal := c.followerRefusal(ctx, addrs)
 	if refusal == nil || leader != "" && !slices.Contains(addrs, leader) {
 		return electing{}, false
 	}
 	return electing{refusal}, true
+}
+
+// silentLeader: once the connect bound passed with no leader found, and
+// several of the addresses accepted a TCP connection (probe), one of which
+// stays silent (a leader frozen: SIGSTOP, a long pause), the others may be
+// followers waiting to elect the next: asked at once, each, for a second,
+// the first follower's refusal means an election.
+func (c *cli) silentLeader(ctx context.Context, probe *probeResult) (electing, bool) {
+	if probe == nil || len(probe.accepted) < 2 {
+		return electing{}, false
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	defer cancel()
+	found := make(chan electing, len(probe.accepted))
+	var wg sync.WaitGroup
+	for _, addr := range probe.accepted {
+		wg.Go(func() {
+			if leader, refusal := c.followerRefusal(ctx, []string{addr}); refusal != nil &&
+				(leader == "" || slices.Contains(client.Addrs(c.conn.addr), leader)) {
+				found <- electing{refusal}
+			}
+		})
+	}
+	go func() { wg.Wait(); close(found) }()
+	e, ok := <-found
+	return e, ok
 }
 
 // connectFailure reads why the connection failed: a call on a connection

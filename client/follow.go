@@ -244,7 +244,7 @@ func (r *route) set(turn uint64) {
 // The causes of an attempt cut short by the client, and how the caller
 // hears them: UNAVAILABLE, which the retry then resolves like any other.
 var (
-	errLeaderMoved    = errors.New("another coordinator took over as leader while the call waited on the previous one (paused or cut off); made again at the new leader")
+	errLeaderMoved    = errors.New("another coordinator took over as leader while the call waited on the previous one (paused or cut off)")
 	errAttemptTimeout = errors.New("no answer within the attempt timeout")
 )
 

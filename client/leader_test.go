@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -114,5 +115,22 @@ func TestCallsRefusedAsNotLeaderAreRetried(t *testing.T) {
 	}
 	if _, ok := client.NotLeader(errors.New("other")); ok {
 		t.Error("NotLeader matches an error that is no follower's refusal")
+	}
+}
+
+// A call that finds no coordinator leading among several says so in words,
+// not in grpc-go's ("pickfirst: health check failure: connection active
+// but health check failed. status=NOT_SERVING").
+func TestNoLeaderIsSaidInWords(t *testing.T) {
+	f1 := fakefollower.Start(t, fakefollower.Options{})
+	f2 := fakefollower.Start(t, fakefollower.Options{})
+	cl := dialList(t, f1.Addr()+","+f2.Addr(), "", client.WithRetry(client.RetryPolicy{MaxAttempts: 3, Base: 10 * time.Millisecond}))
+	_, err := cl.Runs.ListRuns(t.Context(), &v1.ListRunsRequest{})
+	msg := status.Convert(err).Message()
+	if status.Code(err) != codes.Unavailable || !strings.Contains(msg, "no coordinator leads at the moment") || strings.Contains(msg, "pickfirst") {
+		t.Fatalf("ListRuns with no leader: %v; want UNAVAILABLE saying no coordinator leads, in words", err)
+	}
+	if f1.Calls()+f2.Calls() != 0 {
+		t.Errorf("the followers got %d calls", f1.Calls()+f2.Calls())
 	}
 }

@@ -34,9 +34,7 @@ from snapcoord import errors
 # while one sent a moment before the change was most likely answered already;
 # a health status that flips for a moment must not cut it (as the Go client).
 LEADER_SETTLE = 1.0
-CUT_BY_NEW_LEADER = (
-    "another coordinator took over as leader while the call waited on the previous one (paused or cut off); made again at the new leader"
-)
+CUT_BY_NEW_LEADER = "another coordinator took over as leader while the call waited on the previous one (paused or cut off)"
 _HEALTH_WATCH = "/grpc.health.v1.Health/Watch"
 _SERVING = 1
 _WATCH_RETRY = 0.5  # between health watches of a coordinator out of reach

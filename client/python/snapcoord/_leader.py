@@ -105,8 +105,11 @@ class LeaderChannel(grpc.Channel):
         self._states = [grpc.ChannelConnectivity.IDLE] * len(addrs)
         self._answered: set[int] = set()
         self._state_callbacks = [functools.partial(self._state, i) for i in range(len(addrs))]
+        # Not try_to_connect: the health watches connect the channels, and in
+        # grpcio 1.51 a pending connect request races close() into a
+        # traceback from the watching thread (see client._Retry._pause).
         for ch, cb in zip(self._channels, self._state_callbacks):
-            ch.subscribe(cb, try_to_connect=True)
+            ch.subscribe(cb, try_to_connect=False)
         self._threads = [
             threading.Thread(target=self._watch, args=(i, service), name=f"snapcoord-health-{a}", daemon=True) for i, a in enumerate(addrs)
         ]

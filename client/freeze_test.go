@@ -65,13 +65,14 @@ func startHAGroup(t *testing.T, n int) []*coordproc.Proc {
 }
 
 // A leader frozen by SIGSTOP (a long GC pause, a stuck disk, a VM stall)
-// costs a client given every address no more than the failover: a step in
-// flight on the frozen leader, and an environment worker's command stream
-// and an event watch open there, move to the next leader as soon as it
-// serves, not when the frozen one runs again (2× and 5× the election TTL
-// later) or keepalive gives up on it. The step is answered, and a run
-// cancelled at the new leader is heard by the worker and the watch, within
-// the TTL + 1 s.
+// costs a client given every address no more than the failover: a step
+// and a deadline snapshot's report in flight on the frozen leader, and an
+// environment worker's command stream and an event watch open there, move
+// to the next leader as soon as it serves, not when the frozen one runs
+// again (2× and 5× the election TTL later) or keepalive gives up on it.
+// The step and the report are answered (the run SNAPSHOTTING ends
+// STOPPED), and a run cancelled at the new leader is heard by the worker
+// and the watch, within the TTL + 1 s.
 func TestFrozenLeaderCallsMoveToTheNextLeader(t *testing.T) {
 	for _, freeze := range []time.Duration{2 * freezeTTL, 5 * freezeTTL} {
 		t.Run(fmt.Sprintf("frozen %v", freeze), func(t *testing.T) { frozenLeader(t, freeze) })
@@ -103,6 +104,15 @@ func frozenLeader(t *testing.T, freeze time.Duration) {
 	if _, err := rank.CompleteStep(ctx, 1, time.Second); err != nil {
 		t.Fatalf("step 1: %v", err)
 	}
+	// r3 is SNAPSHOTTING: its deadline fired, its environment worker saves.
+	saver := startEnvWorker(t, runClient("r3"), "r3", false)
+	if _, err := admin.Runs.TriggerDeadline(ctx, &v1.TriggerDeadlineRequest{RunId: "r3", Reason: "test"}); err != nil {
+		t.Fatalf("TriggerDeadline: %v", err)
+	}
+	save := nextCommand(t, saver).GetSaveAtDeadline()
+	if save == nil {
+		t.Fatal("r3: no SaveAtDeadline")
+	}
 	events := make(chan *v1.RunEvent, 64)
 	watched := make(chan error, 1)
 	go func() {
@@ -124,10 +134,14 @@ func frozenLeader(t *testing.T, freeze time.Duration) {
 		err error
 		at  time.Time
 	}
-	stepped := make(chan answer, 1)
+	stepped, reported := make(chan answer, 1), make(chan answer, 1)
 	go func() {
 		_, err := rank.CompleteStep(ctx, 2, time.Second)
 		stepped <- answer{err, time.Now()}
+	}()
+	go func() {
+		_, err := saver.ReportSnapshot(ctx, save.GetSnapshotId(), v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SAVED, time.Second, "ok")
+		reported <- answer{err, time.Now()}
 	}()
 
 	next, serving := coordproc.LeaderForTest(ctx, t, procs, old)
@@ -139,14 +153,22 @@ func frozenLeader(t *testing.T, freeze time.Duration) {
 	t.Logf("leader %s frozen for %v; %s SERVING %v later (election TTL %v)", old.Addr, freeze, next.Addr,
 		serving.Sub(frozen).Round(time.Millisecond), freezeTTL)
 	bound := freezeTTL + time.Second
-	step := <-stepped
-	if step.err != nil {
-		t.Fatalf("step 2, issued as the leader froze: %v", step.err)
+	for _, c := range []struct {
+		what string
+		got  chan answer
+	}{{"step 2 of r1", stepped}, {"the report of r3's deadline snapshot", reported}} {
+		a := <-c.got
+		if a.err != nil {
+			t.Fatalf("%s, sent as the leader froze: %v", c.what, a.err)
+		}
+		t.Logf("%s answered %v after the freeze, %v after the next leader served", c.what, a.at.Sub(frozen).Round(time.Millisecond),
+			a.at.Sub(serving).Round(time.Millisecond))
+		if late := a.at.Sub(serving); late > bound {
+			t.Errorf("%s answered %v after the next leader served, want within %v", c.what, late.Round(time.Millisecond), bound)
+		}
 	}
-	t.Logf("step 2 answered %v after the freeze, %v after the next leader served", step.at.Sub(frozen).Round(time.Millisecond),
-		step.at.Sub(serving).Round(time.Millisecond))
-	if late := step.at.Sub(serving); late > bound {
-		t.Errorf("step 2 answered %v after the next leader served, want within %v", late.Round(time.Millisecond), bound)
+	if run, err := direct.Runs.GetRun(ctx, &v1.GetRunRequest{RunId: "r3"}); err != nil || run.GetRun().GetState() != v1.RunState_RUN_STATE_STOPPED {
+		t.Errorf("r3 after its report: %v, %v; want STOPPED", run.GetRun().GetState(), err)
 	}
 
 	if cmd := nextCommand(t, env); cmd.GetStop() == nil {

@@ -73,10 +73,11 @@ func WithTLS(t TLS) Option { return func(c *dialConfig) { c.tls = t } }
 // trusted network: tokens then travel in the clear.
 func WithInsecure() Option { return func(c *dialConfig) { c.insecure = true } }
 
-// WithRetry replaces DefaultRetryPolicy. Zero Base or Max take the
-// default's; MaxAttempts 0 or 1 disables retries (the worker helper still
-// resumes its streams and polls, and Worker.ReportSnapshot still retries
-// until its context ends, with Base and Max as their backoff).
+// WithRetry replaces DefaultRetryPolicy. Zero Base, Max or AttemptTimeout
+// take the default's; MaxAttempts 0 or 1 disables retries (the worker
+// helper still resumes its streams and polls, and Worker.ReportSnapshot
+// still retries until its context ends, with Base and Max as their
+// backoff).
 func WithRetry(p RetryPolicy) Option {
 	return func(c *dialConfig) {
 		if p.Base <= 0 {

@@ -51,6 +51,9 @@ func (w *Worker) follow(ctx context.Context) error {
 		if err := w.recover(ctx, err, inc); err != nil {
 			return err
 		}
+		if leaderMoved(err) {
+			continue // the new leader serves: resume there at once
+		}
 		failures++
 		if !pause(ctx, w.c.conn, w.c.retry.followWait(failures)) {
 			return nil

@@ -24,7 +24,15 @@ import (
 )
 
 // The worker helper runs goroutines; after Close none may be left.
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { goleak.VerifyTestMain(withBinRemoved{m}) }
+
+// withBinRemoved removes the snapcoord binary the freeze tests built.
+type withBinRemoved struct{ *testing.M }
+
+func (m withBinRemoved) Run() int {
+	defer removeBin()
+	return m.M.Run()
+}
 
 // coordinator is the assembled snapcoord coordinator in this process (the
 // production interceptor chain, bbolt in a temp dir) on a loopback port that

@@ -73,10 +73,11 @@ func WithTLS(t TLS) Option { return func(c *dialConfig) { c.tls = t } }
 // trusted network: tokens then travel in the clear.
 func WithInsecure() Option { return func(c *dialConfig) { c.insecure = true } }
 
-// WithRetry replaces DefaultRetryPolicy. Zero Base or Max take the
-// default's; MaxAttempts 0 or 1 disables retries (the worker helper still
-// resumes its streams and polls, and Worker.ReportSnapshot still retries
-// until its context ends, with Base and Max as their backoff).
+// WithRetry replaces DefaultRetryPolicy. Zero Base, Max or AttemptTimeout
+// take the default's; MaxAttempts 0 or 1 disables retries (the worker
+// helper still resumes its streams and polls, and Worker.ReportSnapshot
+// still retries until its context ends, with Base and Max as their
+// backoff).
 func WithRetry(p RetryPolicy) Option {
 	return func(c *dialConfig) {
 		if p.Base <= 0 {
@@ -84,6 +85,9 @@ func WithRetry(p RetryPolicy) Option {
 		}
 		if p.Max <= 0 {
 			p.Max = DefaultRetryPolicy.Max
+		}
+		if p.AttemptTimeout == 0 {
+			p.AttemptTimeout = DefaultRetryPolicy.AttemptTimeout
 		}
 		p.MaxAttempts = max(p.MaxAttempts, 1)
 		c.retry = p
@@ -120,6 +124,17 @@ var connectParams = grpc.ConnectParams{
 // a coordinator that is down (connectParams).
 const reconnectMaxDelay = 500 * time.Millisecond
 
+// keepaliveParams notice a coordinator that stopped answering (frozen, or
+// its host gone) under an idle stream or a call in flight: a ping after
+// 15 s without a frame from it, and the connection dropped 5 s later
+// (the default --election-ttl) without its answer; 40 s before. 15 s, not
+// less: the coordinator disconnects a client that pings more often than
+// its --keepalive-min-time (10 s by default) allows, and grpc-go never pings
+// more often than every 10 s anyway. Over several addresses the calls and
+// streams on a frozen leader are cut sooner, when another one serves
+// (leaderPolicy); keepalive is what frees the connection itself.
+var keepaliveParams = keepalive.ClientParameters{Time: 15 * time.Second, Timeout: 5 * time.Second, PermitWithoutStream: true}
+
 // Dial connects to the coordinator at addr ("host:port"), or to the one
 // that leads among several: addr may list them, comma-separated
 // ("a:7070,b:7070,c:7070"; see leaderTarget). The connection is made
@@ -138,19 +153,17 @@ func Dial(addr string, opts ...Option) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	target, targetOpts, err := dialTarget(addr)
+	target, targetOpts, watch, err := dialTarget(addr)
 	if err != nil {
 		return nil, err
 	}
 	auth := bearer{admin: cfg.adminToken, run: cfg.runToken}
 	dialOpts := []grpc.DialOption{
 		grpc.WithTransportCredentials(creds),
-		grpc.WithChainUnaryInterceptor(auth.unary, cfg.retry.unaryInterceptor()),
-		grpc.WithChainStreamInterceptor(auth.stream),
+		grpc.WithChainUnaryInterceptor(auth.unary, cfg.retry.unaryInterceptor(watch)),
+		grpc.WithChainStreamInterceptor(auth.stream, watch.streamInterceptor),
 		grpc.WithConnectParams(connectParams),
-		// Notice a dead coordinator under an idle command stream. 30 s is
-		// above the server's minimum ping interval (10 s).
-		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 30 * time.Second, Timeout: 10 * time.Second, PermitWithoutStream: true}),
+		grpc.WithKeepaliveParams(keepaliveParams),
 	}
 	dialOpts = append(dialOpts, targetOpts...)
 	conn, err := grpc.NewClient(target, append(dialOpts, cfg.extra...)...)

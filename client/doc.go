@@ -59,12 +59,16 @@
 // Dial takes a comma-separated list of addresses ("a:7070,b:7070,c:7070")
 // for coordinators that share an etcd prefix, of which one leads. The
 // client connects to all of them and sends every call to the one whose
-// gRPC health reports WorkerService SERVING: the leader (followers report
-// NOT_SERVING; a coordinator on bbolt reports SERVING). After a failover
-// calls go to the new leader as soon as it says it serves. A call that
+// gRPC health reported WorkerService SERVING last: the leader (followers
+// report NOT_SERVING; a coordinator on bbolt reports SERVING). After a
+// failover calls go to the new leader as soon as it says it serves, even
+// while a frozen ex-leader (SIGSTOP, a long pause) still looks SERVING,
+// and a call or stream still out under the previous leader is cut, 1 s
+// after the change at most, and made again (resumed) there. A call that
 // still meets a follower (UNAVAILABLE with ErrorInfo reason NOT_LEADER,
 // see NotLeader) is made again whatever its method: the follower did
-// nothing. A single address is dialed exactly as before.
+// nothing; it is passed over until its health turns SERVING anew. A
+// single address is dialed exactly as before.
 //
 // # Retries
 //
@@ -72,7 +76,12 @@
 // jittered exponential backoff (RetryPolicy), and a wait ends as soon as
 // the connection has a coordinator to send the call to (after a restart,
 // or a leader serving after a failover), so a call goes through within
-// milliseconds of that, not a backoff later. Safe to repeat are reads, UpdateDeadline, CancelRun,
+// milliseconds of that, not a backoff later. A call with a deadline is
+// retried until it, however many attempts it takes (an election or a loss
+// of etcd quorum may outlast MaxAttempts); MaxAttempts bounds the others.
+// Each attempt but a long poll's is bounded by RetryPolicy.AttemptTimeout
+// (10 s), so that a call sent to a coordinator that froze is made again.
+// Safe to repeat are reads, UpdateDeadline, CancelRun,
 // RegisterWorker, Heartbeat, DeregisterWorker, CompleteStep and every
 // report, because the coordinator deduplicates them, TriggerDeadline,
 // whose repeat with the same reason answers OK with the trigger it made,

@@ -22,7 +22,8 @@ func (e callbackError) Unwrap() error { return e.err }
 // order. Without follow it returns once the events recorded so far were
 // delivered; with follow it goes on until the run is terminal and all its
 // events were delivered. A disconnect or a coordinator restart is resumed
-// after the last delivered seq, with the client's backoff. If the
+// after the last delivered seq, with the client's backoff: when following,
+// however long the coordinator stays out of reach (see watchGivesUp). If the
 // coordinator's event log then ends before that seq (OUT_OF_RANGE: its
 // state was restored or replaced), the watch reads the log again from
 // afterSeq, skipping the events it delivered (the same event at the same
@@ -57,11 +58,24 @@ func (c *Client) WatchEvents(ctx context.Context, runID string, afterSeq int64, 
 		case status.Code(err) != codes.Unavailable || ctx.Err() != nil:
 			return fmt.Errorf("client: watch run %s: %w", runID, err)
 		}
+		if leaderMoved(err) {
+			continue // the new leader serves: resume there at once
+		}
 		failures++
-		if failures >= c.retry.MaxAttempts || !pause(ctx, c.conn, c.retry.backoff(failures)) {
+		if c.watchGivesUp(ctx, follow, failures) || !pause(ctx, c.conn, c.retry.backoff(failures)) {
 			return fmt.Errorf("client: watch run %s: %w", runID, err)
 		}
 	}
+}
+
+// watchGivesUp says whether a watch stops resuming after failures
+// failures in a row: a follow never does (it is ended by ctx, or by the
+// run's end), so that an outage, an election or a loss of etcd quorum of
+// any length is only a pause in it; a read of the events so far stops at
+// ctx's deadline, or, without one, after the policy's attempts.
+func (c *Client) watchGivesUp(ctx context.Context, follow bool, failures uint) bool {
+	_, bounded := ctx.Deadline()
+	return !follow && !bounded && failures >= c.retry.MaxAttempts
 }
 
 func (c *Client) watchOnce(ctx context.Context, req *v1.WatchRunRequest, fn func(*v1.RunEvent) error) (last int64, err error) {

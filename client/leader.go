@@ -28,37 +28,38 @@ func Addrs(list string) []string {
 	return out
 }
 
-// leaderServiceConfig sends every call to a coordinator whose
-// WorkerService health is SERVING: the leader among coordinators sharing
-// an etcd prefix (followers report NOT_SERVING), or a coordinator on bbolt
-// (SERVING, as it leads alone). round_robin connects to every address and
-// picks among the healthy ones; client-side health checking watches each
-// one's status, so a new leader is used as soon as it reports SERVING,
-// with no call lost to a follower first. A health check covers one
-// service per connection: a coordinator reports the same status for
-// RunService and WorkerService, so WorkerService, the one workers use,
-// stands for both. A server without the health service counts as healthy
-// (grpc-go disables the check then).
+// leaderServiceConfig sends every call to the newest coordinator whose
+// WorkerService health is SERVING (leaderPolicy): the leader among
+// coordinators sharing an etcd prefix (followers report NOT_SERVING), or a
+// coordinator on bbolt (SERVING, as it leads alone). The policy connects
+// to every address, and client-side health checking watches each one's
+// status, so a new leader is used as soon as it reports SERVING, with no
+// call lost to a follower first. A health check covers one service per
+// connection: a coordinator reports the same status for RunService and
+// WorkerService, so WorkerService, the one workers use, stands for both. A
+// server without the health service counts as healthy (grpc-go disables
+// the check then).
 var leaderServiceConfig = fmt.Sprintf(`{
-  "loadBalancingConfig": [{"round_robin": {}}],
+  "loadBalancingConfig": [{%q: {}}],
   "healthCheckConfig": {"serviceName": %q}
-}`, v1.WorkerService_ServiceDesc.ServiceName)
+}`, leaderPolicy, v1.WorkerService_ServiceDesc.ServiceName)
 
-// dialTarget is the gRPC target for addr and the options it needs. One
-// address is dialed as it always was (pick_first, no health checking). Several
-// are handed to the channel by a manual resolver, with
-// leaderServiceConfig: the client follows the leader across failovers by
-// itself. The leader named in a follower's NOT_LEADER answer is not dialed:
-// the address it advertises may not be one this client reaches it at (a
-// NAT, another name), and the health checks find it among the addresses
-// given as fast as a redirect would.
-func dialTarget(addr string) (string, []grpc.DialOption, error) {
+// dialTarget is the gRPC target for addr, the options it needs, and the
+// watch of its leader (nil for one address). One address is dialed as it
+// always was (pick_first, no health checking). Several are handed to the
+// channel by a manual resolver, with leaderServiceConfig: the client
+// follows the leader across failovers by itself. The leader named in a
+// follower's NOT_LEADER answer is not dialed: the address it advertises
+// may not be one this client reaches it at (a NAT, another name), and the
+// health checks find it among the addresses given as fast as a redirect
+// would.
+func dialTarget(addr string) (string, []grpc.DialOption, *leaderWatch, error) {
 	addrs := Addrs(addr)
 	switch len(addrs) {
 	case 0:
-		return "", nil, errors.New("client: no coordinator address")
+		return "", nil, nil, errors.New("client: no coordinator address")
 	case 1:
-		return addrs[0], nil, nil
+		return addrs[0], nil, nil, nil
 	}
 	eps := make([]resolver.Endpoint, len(addrs))
 	for i, a := range addrs {
@@ -66,9 +67,10 @@ func dialTarget(addr string) (string, []grpc.DialOption, error) {
 		// verification and the :authority header, as when dialed alone.
 		eps[i] = resolver.Endpoint{Addresses: []resolver.Address{{Addr: a, ServerName: a}}}
 	}
+	watch := newLeaderWatch()
 	r := manual.NewBuilderWithScheme("snapcoord")
-	r.InitialState(resolver.State{Endpoints: eps})
-	return r.Scheme() + ":///coordinators", []grpc.DialOption{grpc.WithResolvers(r), grpc.WithDefaultServiceConfig(leaderServiceConfig)}, nil
+	r.InitialState(resolver.State{Endpoints: eps, Attributes: watch.attributes()})
+	return r.Scheme() + ":///coordinators", []grpc.DialOption{grpc.WithResolvers(r), grpc.WithDefaultServiceConfig(leaderServiceConfig)}, watch, nil
 }
 
 // reasonNotLeader is the ErrorInfo reason of a coordinator that is not

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -70,18 +71,20 @@ func TestSeveralAddressesReachTheLeader(t *testing.T) {
 // A follower that still reports SERVING (a deposed leader that has not
 // noticed yet) refuses calls with NOT_LEADER: the client makes them again,
 // even those it never retries otherwise (ReissueRunToken), since the
-// follower did nothing. Alone in the list, it fails after the policy's
-// attempts, and the error names the leader.
+// follower did nothing, and at the leader, passing the follower over
+// though its health says SERVING. Alone in the list, it fails after the
+// policy's attempts, and the error names the leader.
 func TestCallsRefusedAsNotLeaderAreRetried(t *testing.T) {
 	co := startCoordinator(t)
 	f := fakefollower.Start(t, fakefollower.Options{Leader: co.addr, Serving: true})
-	admin := dialList(t, f.Addr()+","+co.addr, "")
-	// round_robin alternates between the two once both are up: within a
-	// few runs some calls meet the follower.
+	// The client sends its calls to the coordinator whose health turned
+	// SERVING last: the follower in about every other new client.
+	var admin *client.Client
 	for i := 0; f.Calls() == 0; i++ {
 		if i == 50 {
-			t.Fatal("50 runs created and their tokens reissued, and none of the calls reached the follower")
+			t.Fatal("50 clients created runs and reissued their tokens, and none of the calls reached the follower")
 		}
+		admin = dialList(t, f.Addr()+","+co.addr, "")
 		id := fmt.Sprintf("r%d", i)
 		if _, err := admin.Runs.CreateRun(t.Context(), &v1.CreateRunRequest{RunId: id, Spec: turnSpec(1)}); err != nil {
 			t.Fatalf("CreateRun(%s): %v", id, err)
@@ -90,9 +93,18 @@ func TestCallsRefusedAsNotLeaderAreRetried(t *testing.T) {
 			t.Fatalf("ReissueRunToken(%s): %v", id, err)
 		}
 	}
+	before := f.Calls()
+	for range 5 {
+		if _, err := admin.Runs.ListRuns(t.Context(), &v1.ListRunsRequest{}); err != nil {
+			t.Fatalf("ListRuns: %v", err)
+		}
+	}
+	if got := f.Calls() - before; got != 0 {
+		t.Errorf("after its refusal the follower got %d more calls of 5, want it passed over", got)
+	}
 
 	alone := dialList(t, f.Addr(), "", client.WithRetry(client.RetryPolicy{MaxAttempts: 3, Base: time.Millisecond, Max: time.Millisecond}))
-	before := f.Calls()
+	before = f.Calls()
 	_, err := alone.Runs.ReissueRunToken(t.Context(), &v1.ReissueRunTokenRequest{RunId: "r0"})
 	leader, ok := client.NotLeader(err)
 	if status.Code(err) != codes.Unavailable || !ok || leader != co.addr {
@@ -103,5 +115,22 @@ func TestCallsRefusedAsNotLeaderAreRetried(t *testing.T) {
 	}
 	if _, ok := client.NotLeader(errors.New("other")); ok {
 		t.Error("NotLeader matches an error that is no follower's refusal")
+	}
+}
+
+// A call that finds no coordinator leading among several says so in words,
+// not in grpc-go's ("pickfirst: health check failure: connection active
+// but health check failed. status=NOT_SERVING").
+func TestNoLeaderIsSaidInWords(t *testing.T) {
+	f1 := fakefollower.Start(t, fakefollower.Options{})
+	f2 := fakefollower.Start(t, fakefollower.Options{})
+	cl := dialList(t, f1.Addr()+","+f2.Addr(), "", client.WithRetry(client.RetryPolicy{MaxAttempts: 3, Base: 10 * time.Millisecond}))
+	_, err := cl.Runs.ListRuns(t.Context(), &v1.ListRunsRequest{})
+	msg := status.Convert(err).Message()
+	if status.Code(err) != codes.Unavailable || !strings.Contains(msg, "no coordinator leads at the moment") || strings.Contains(msg, "pickfirst") {
+		t.Fatalf("ListRuns with no leader: %v; want UNAVAILABLE saying no coordinator leads, in words", err)
+	}
+	if f1.Calls()+f2.Calls() != 0 {
+		t.Errorf("the followers got %d calls", f1.Calls()+f2.Calls())
 	}
 }

@@ -2,6 +2,7 @@ package client_test
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -157,5 +158,61 @@ func TestNoLeaderCallFailsAfterTheBackoff(t *testing.T) {
 	}
 	if f.Calls() != 0 {
 		t.Errorf("the follower got %d calls", f.Calls())
+	}
+}
+
+// A watch that follows a run outlasts an outage however many attempts it
+// takes (here more than the policy's two), resuming after the last event it
+// delivered: `snapctl run watch` and `events --follow` are documented as
+// unbounded, and a loss of etcd quorum may last minutes.
+func TestFollowingWatchOutlastsTheRetryPolicy(t *testing.T) {
+	co := startCoordinator(t)
+	failed := make(chan error, 64)
+	countFailures := func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+		s, err := streamer(ctx, desc, cc, method, opts...)
+		if err != nil && method == v1.RunService_WatchRun_FullMethodName {
+			select {
+			case failed <- err:
+			default:
+			}
+		}
+		return s, err
+	}
+	admin := co.dial("", client.WithRetry(client.RetryPolicy{MaxAttempts: 2, Base: 10 * time.Millisecond, Max: 10 * time.Millisecond}),
+		client.WithDialOptions(grpc.WithChainStreamInterceptor(countFailures)))
+	if _, err := admin.Runs.CreateRun(t.Context(), &v1.CreateRunRequest{RunId: "r1", Spec: turnSpec(1)}); err != nil {
+		t.Fatalf("CreateRun: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	events := make(chan *v1.RunEvent, 16)
+	done := make(chan error, 1)
+	go func() {
+		done <- admin.WatchEvents(ctx, "r1", 0, true, func(ev *v1.RunEvent) error { events <- ev; return nil })
+	}()
+	<-events // the run's creation: the watch is open
+
+	co.shutdown()
+	for range 5 {
+		select {
+		case <-failed:
+		case err := <-done:
+			t.Fatalf("the watch gave up during the outage: %v", err)
+		}
+	}
+	co.serve()
+	if _, err := admin.Runs.CancelRun(ctx, &v1.CancelRunRequest{RunId: "r1", Reason: "test"}); err != nil {
+		t.Fatalf("CancelRun: %v", err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("the watch, once the coordinator was back and the run cancelled: %v; want it to follow to the run's end", err)
+	}
+	cancelled := false
+	for len(events) > 0 {
+		ev := <-events
+		cancelled = cancelled || ev.GetType() == v1.RunEventType_RUN_EVENT_TYPE_STATE_CHANGED && strings.Contains(ev.GetMessage(), "CANCELLED")
+	}
+	if !cancelled {
+		t.Error("the watch did not deliver the run's cancellation")
 	}
 }

@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/retry"
@@ -39,11 +40,23 @@ type RetryPolicy struct {
 	// Jitter spreads each wait by ± this fraction, so the ranks of a job
 	// that lost the coordinator together do not come back together.
 	Jitter float64
+	// AttemptTimeout bounds each attempt of a unary call (not a long poll,
+	// not a stream), so that a call sent to a coordinator that froze is
+	// made again rather than wait out the pause. 0 takes the default's;
+	// a negative value leaves attempts unbounded.
+	AttemptTimeout time.Duration
 }
 
 // DefaultRetryPolicy waits 0.1, 0.2, 0.4 … 5 s between 10 attempts: about
-// 20 s, enough to ride out a coordinator restart.
-var DefaultRetryPolicy = RetryPolicy{MaxAttempts: 10, Base: 100 * time.Millisecond, Max: 5 * time.Second, Jitter: 0.2}
+// 20 s, enough to ride out a coordinator restart (a call with a deadline:
+// until its deadline). Each attempt may take 10 s: every unary call but
+// the long poll is answered in milliseconds by a coordinator that runs
+// (an etcd commit included), so 10 s means one that does not, and twice
+// the default --election-ttl leaves a slow commit on a loaded etcd alone.
+// With several addresses, a call on a frozen leader is cut sooner, the
+// moment another coordinator serves as leader (see leaderPolicy).
+var DefaultRetryPolicy = RetryPolicy{MaxAttempts: 10, Base: 100 * time.Millisecond, Max: 5 * time.Second, Jitter: 0.2,
+	AttemptTimeout: 10 * time.Second}
 
 // backoff is the wait before retry number attempt (from 1).
 func (p RetryPolicy) backoff(attempt uint) time.Duration {
@@ -77,27 +90,36 @@ var retried = rpcfacts.Set(rpcfacts.RetrySafe)
 // other call that a follower refused (NotLeader), since it refused it
 // before doing anything, so a repeat cannot do twice what was done once.
 // Between attempts it waits as pause does: the backoff, cut short when the
-// connection gets a coordinator to send the call to.
+// connection gets a coordinator to send the call to; an attempt cut
+// because another coordinator took over is made again at once.
+//
+// Each attempt is bounded (see attempt), so that no call waits on a frozen
+// coordinator. A call with a deadline of its own is retried until that
+// deadline, however many attempts it takes: a loss of quorum or an
+// election may last longer than MaxAttempts' backoffs (about 20 s), and the
+// caller said how long it can wait: it then fails DEADLINE_EXCEEDED.
+// MaxAttempts bounds the calls without one.
 //
 // Once an attempt's outcome was unknown, a call that ends without an
 // answer from a later attempt (retries run out, or its context ends) fails
 // with that OutcomeUnknown error, not the last one: the change may still
 // have taken effect, and a bare UNAVAILABLE, NOT_LEADER or
 // DEADLINE_EXCEEDED would say otherwise.
-func (p RetryPolicy) unaryInterceptor() grpc.UnaryClientInterceptor {
-	if p.MaxAttempts <= 1 {
-		return passUnary
-	}
+func (p RetryPolicy) unaryInterceptor(w *leaderWatch) grpc.UnaryClientInterceptor {
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-		once := slices.ContainsFunc(opts, func(o grpc.CallOption) bool { _, ok := o.(noRetryOption); return ok })
+		once := p.MaxAttempts <= 1 || slices.ContainsFunc(opts, func(o grpc.CallOption) bool { _, ok := o.(noRetryOption); return ok })
+		_, bounded := ctx.Deadline()
 		var unknown error // the first attempt whose outcome was unknown
 		for attempt := uint(1); ; attempt++ {
-			err := invoker(ctx, method, req, reply, cc, opts...)
+			err := p.attempt(ctx, w, method, func(ctx context.Context) error { return invoker(ctx, method, req, reply, cc, opts...) })
 			if unknown == nil && OutcomeUnknown(err) {
 				unknown = err
 			}
-			if err == nil || once || attempt >= p.MaxAttempts || !retriable(method, err) {
+			if err == nil || once || (!bounded && attempt >= p.MaxAttempts) || !retriable(method, err) {
 				return stillUnknown(unknown, err)
+			}
+			if leaderMoved(err) {
+				continue // the new leader serves: no wait
 			}
 			if !pause(ctx, cc, p.backoff(attempt)) {
 				return stillUnknown(unknown, status.FromContextError(ctx.Err()).Err())
@@ -105,6 +127,55 @@ func (p RetryPolicy) unaryInterceptor() grpc.UnaryClientInterceptor {
 		}
 	}
 }
+
+// attempt makes one attempt of a unary call, bounded: it is cut when
+// another coordinator takes over as leader while it waits on the previous
+// one (several addresses), and, unless the method is a long poll, after
+// the policy's AttemptTimeout. Either way it fails UNAVAILABLE, which the
+// caller's retry resolves.
+func (p RetryPolicy) attempt(ctx context.Context, w *leaderWatch, method string, call func(context.Context) error) error {
+	actx, r, stop := w.guard(ctx)
+	defer stop()
+	timeout := p.AttemptTimeout
+	if timeout > 0 && !longLived[method] {
+		var cancel context.CancelFunc
+		actx, cancel = context.WithTimeoutCause(actx, timeout, errAttemptTimeout)
+		defer cancel()
+	}
+	err := InWords(cut(ctx, actx, call(actx), timeout, readOnly[method]))
+	if _, ok := NotLeader(err); ok {
+		w.refused(r)
+	}
+	return err
+}
+
+// errNoLeader is how a call fails that finds no coordinator leading among
+// several (each one's health NOT_SERVING), in place of grpc-go's words for
+// it ("pickfirst: health check failure: connection active but health
+// check failed. status=NOT_SERVING"), which name the balancer, not the
+// cause.
+var errNoLeader = status.Error(codes.Unavailable,
+	"no coordinator leads at the moment (each one answers as a follower): an election is under way, or the coordinators cannot reach etcd")
+
+// InWords replaces grpc-go's words for a call that found no leader among
+// several coordinators (the balancer's "health check failure ...
+// status=NOT_SERVING") with the cause; any other error is returned as is.
+// The client's own calls fail so; it is for errors seen below its retries
+// (an interceptor passed to WithDialOptions).
+func InWords(err error) error {
+	if status.Code(err) == codes.Unavailable && strings.Contains(status.Convert(err).Message(), "health check fail") {
+		return errNoLeader
+	}
+	return err
+}
+
+// longLived lists the methods whose calls may rightly stay open long: the
+// long poll (PollCommands, bounded by its wait_seconds) and the streams.
+var longLived = rpcfacts.Set(rpcfacts.LongLived)
+
+// readOnly lists the methods that change nothing: an attempt of one that
+// was cut did nothing either.
+var readOnly = rpcfacts.Set(rpcfacts.ReadOnly)
 
 // retriable reports whether method may be made again after failing with
 // err: a retry_safe method after any UNAVAILABLE, any method after
@@ -164,10 +235,6 @@ func pause(ctx context.Context, conn *grpc.ClientConn, d time.Duration) bool {
 		}
 		down = state != connectivity.Ready
 	}
-}
-
-func passUnary(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-	return invoker(ctx, method, req, reply, cc, opts...)
 }
 
 // noRetry is for the worker helper's periodic calls (heartbeats, polls,

@@ -218,6 +218,9 @@ func (w *Worker) ReportSnapshot(ctx context.Context, snapshotID string, outcome 
 		if err == nil {
 			return resp.GetRunState(), nil
 		}
+		if leaderMoved(err) {
+			continue // the new leader serves: report there at once
+		}
 		if status.Code(err) != codes.Unavailable || !pause(ctx, w.c.conn, w.c.retry.backoff(attempt)) {
 			return 0, fmt.Errorf("client: report snapshot %s: %w", snapshotID, err)
 		}

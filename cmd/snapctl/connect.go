@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -16,6 +18,7 @@ import (
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 	"github.com/snapcoord/snapcoord/client"
+	"github.com/snapcoord/snapcoord/cmd/internal/durations"
 )
 
 // connect dials with the admin token and waits, within --connect-timeout
@@ -34,17 +37,55 @@ func (c *cli) connect(ctx context.Context) (*client.Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := c.connectBound(ctx)
+	bounded, cancel := c.connectBound(ctx)
 	defer cancel()
-	if err := c.awaitConnection(ctx, cl.Conn()); err != nil {
-		cl.Close()
-		return nil, err
+	err = c.awaitConnection(bounded, cl.Conn())
+	if e, ok := errors.AsType[electing](err); ok {
+		err = c.awaitElection(ctx, cl.Conn(), e.refusal)
 	}
-	if err := c.awaitLeader(ctx, cl.Conn()); err != nil {
+	if err == nil {
+		err = c.awaitLeader(bounded, cl.Conn())
+	}
+	if err != nil {
 		cl.Close()
 		return nil, err
 	}
 	return cl, nil
+}
+
+// electing: every coordinator of the list that answers is a follower, and
+// none names a leader outside the list: a leader is being elected among
+// them (or they cannot reach etcd). refusal is a follower's answer.
+type electing struct{ refusal error }
+
+func (e electing) Error() string { return e.refusal.Error() }
+func (e electing) Unwrap() error { return e.refusal }
+
+// awaitElection waits, within --timeout, for a coordinator of the list to
+// lead, saying on stderr that it does: an election takes up to the
+// coordinators' --election-ttl (5 s by default), within the default
+// --timeout (30 s), and an operator's command given during one should
+// wait for it rather than fail. refusal is a follower's answer, which the
+// error quotes if none leads in time.
+func (c *cli) awaitElection(ctx context.Context, conn *grpc.ClientConn, refusal error) error {
+	if !c.jsonErrors {
+		fmt.Fprintf(c.stderr, "snapctl: electing a leader among %s: waiting up to --timeout %s\n", c.conn.addr, durations.Format(c.conn.timeout))
+	}
+	ctx, cancel := c.call(ctx)
+	defer cancel()
+	for state := conn.GetState(); state != connectivity.Ready; state = conn.GetState() {
+		if state == connectivity.Idle {
+			conn.Connect()
+		}
+		if !conn.WaitForStateChange(ctx, state) {
+			if parent := context.Cause(ctx); errors.Is(parent, context.Canceled) {
+				return parent
+			}
+			return withExit(exitUnavailable, fmt.Errorf("%w; still none after --timeout %s: the coordinators cannot reach etcd (is a majority of its members up?), or the election outlasts --timeout",
+				refusal, durations.Format(c.conn.timeout)))
+		}
+	}
+	return nil
 }
 
 // awaitLeader fails at once, naming the leader, when the one address given
@@ -71,7 +112,8 @@ func (c *cli) awaitLeader(ctx context.Context, conn *grpc.ClientConn) error {
 	if err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_NOT_SERVING {
 		return nil // SERVING, or a coordinator without this health: the calls tell
 	}
-	return c.followerRefusal(ctx, addrs)
+	_, refusal := c.followerRefusal(ctx, addrs)
+	return refusal
 }
 
 // awaitConnection waits until conn is READY (the peer answered the
@@ -92,9 +134,53 @@ func (c *cli) awaitConnection(ctx context.Context, conn *grpc.ClientConn) error 
 			if parent := context.Cause(ctx); errors.Is(parent, context.Canceled) {
 				return parent
 			}
-			return c.noAnswer("did not answer", probe.result())
+			res := probe.result()
+			if e, ok := c.silentLeader(ctx, res); ok {
+				return e
+			}
+			return c.noAnswer("did not answer", res)
 		}
 	}
+}
+
+// electingAmong asks each of several addresses whether it is a follower
+// that knows no leader outside the list: then a leader is being elected.
+func (c *cli) electingAmong(ctx context.Context) (electing, bool) {
+	addrs := client.Addrs(c.conn.addr)
+	if len(addrs) < 2 {
+		return electing{}, false
+	}
+	leader, refusal := c.followerRefusal(ctx, addrs)
+	if refusal == nil || leader != "" && !slices.Contains(addrs, leader) {
+		return electing{}, false
+	}
+	return electing{refusal}, true
+}
+
+// silentLeader: once the connect bound passed with no leader found, and
+// several of the addresses accepted a TCP connection (probe), one of which
+// stays silent (a leader frozen: SIGSTOP, a long pause), the others may be
+// followers waiting to elect the next: asked at once, each, for a second,
+// the first follower's refusal means an election.
+func (c *cli) silentLeader(ctx context.Context, probe *probeResult) (electing, bool) {
+	if probe == nil || len(probe.accepted) < 2 {
+		return electing{}, false
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	defer cancel()
+	found := make(chan electing, len(probe.accepted))
+	var wg sync.WaitGroup
+	for _, addr := range probe.accepted {
+		wg.Go(func() {
+			if leader, refusal := c.followerRefusal(ctx, []string{addr}); refusal != nil &&
+				(leader == "" || slices.Contains(client.Addrs(c.conn.addr), leader)) {
+				found <- electing{refusal}
+			}
+		})
+	}
+	go func() { wg.Wait(); close(found) }()
+	e, ok := <-found
+	return e, ok
 }
 
 // connectFailure reads why the connection failed: a call on a connection
@@ -106,7 +192,10 @@ func (c *cli) connectFailure(ctx context.Context, conn *grpc.ClientConn) error {
 		return nil
 	}
 	if addrs := client.Addrs(c.conn.addr); len(addrs) > 1 {
-		if refusal := c.followerRefusal(ctx, addrs); refusal != nil {
+		if e, ok := c.electingAmong(ctx); ok {
+			return e
+		}
+		if _, refusal := c.followerRefusal(ctx, addrs); refusal != nil {
 			return refusal
 		}
 	}
@@ -116,28 +205,28 @@ func (c *cli) connectFailure(ctx context.Context, conn *grpc.ClientConn) error {
 
 // followerRefusal asks each of addrs, where no leader was found, directly
 // (one address, no health checking, no retry) and returns the first
-// refusal as a follower (NOT_LEADER), which names the leader: addrs lack
-// it. Nil if none refused so (then the connection error says why).
-func (c *cli) followerRefusal(ctx context.Context, addrs []string) error {
+// refusal as a follower (NOT_LEADER) with the leader it names ("" if none).
+// Nil if none refused so (then the connection error says why).
+func (c *cli) followerRefusal(ctx context.Context, addrs []string) (leader string, refusal error) {
 	for _, addr := range addrs {
 		cl, err := c.dialAddr(addr, "", client.WithRetry(client.RetryPolicy{MaxAttempts: 1}))
 		if err != nil {
-			return err
+			return "", err
 		}
 		_, err = cl.Runs.ListRuns(ctx, &v1.ListRunsRequest{PageSize: 1})
 		cl.Close()
-		leader, ok := client.NotLeader(err)
+		named, ok := client.NotLeader(err)
 		if !ok {
 			continue
 		}
 		fix := "No coordinator leads at the moment: an election is under way, or the coordinators cannot reach etcd"
-		if leader != "" {
-			fix = fmt.Sprintf("Add %s to --addr (or SNAPCOORD_ADDR)", leader)
+		if named != "" && !slices.Contains(addrs, named) {
+			fix = fmt.Sprintf("Add %s to --addr (or SNAPCOORD_ADDR)", named)
 		}
-		return withExit(exitUnavailable, fmt.Errorf("no leader at %s: %s answers %q. %s",
+		return named, withExit(exitUnavailable, fmt.Errorf("no leader at %s: %s answers %q. %s",
 			c.conn.addr, addr, status.Convert(err).Message(), fix))
 	}
-	return nil
+	return "", nil
 }
 
 // attemptLog keeps the error of the last attempt of a call that failed

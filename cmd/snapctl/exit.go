@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/snapcoord/snapcoord/client"
 	"github.com/snapcoord/snapcoord/cmd/internal/durations"
 )
 
@@ -93,7 +94,7 @@ func (c *cli) fail(err error) int {
 		if code := status.Code(err); code == codes.DeadlineExceeded || code == codes.Unavailable {
 			msg += fmt.Sprintf(" (coordinator %s, --timeout %s", c.conn.addr, durations.Format(c.conn.timeout))
 			if last := c.lastUnavailable.lastError(); code == codes.DeadlineExceeded && last != nil {
-				msg += "; the last attempt: " + connectCause(status.Convert(last).Message())
+				msg += "; the last attempt: " + connectCause(status.Convert(client.InWords(last)).Message())
 			}
 			msg += ")"
 		}

@@ -36,6 +36,16 @@ def _retry_safe_methods() -> frozenset[str]:
 # so are retried on UNAVAILABLE.
 RETRIED_METHODS: frozenset[str] = _retry_safe_methods()
 
+# The methods whose calls may rightly stay open long (the long poll, the
+# streams): no attempt timeout bounds them.
+LONG_LIVED_METHODS: frozenset[str] = frozenset(
+    f"/{service.full_name}/{method.name}"
+    for module in (run_service_pb2, worker_service_pb2)
+    for service in module.DESCRIPTOR.services_by_name.values()
+    for method in service.methods
+    if method.GetOptions().Extensions[options_pb2.rpc].long_lived
+)
+
 # A worker re-opens its command stream (or polls again) at most this far
 # apart, whatever RetryPolicy.max_delay says: a command issued as a restarted
 # coordinator comes back (a deadline firing then) must reach it within about
@@ -50,8 +60,8 @@ class RetryPolicy:
     Only on UNAVAILABLE (the coordinator is unreachable, restarting,
     shutting down, not the leader, or could not confirm the call's commit:
     reason OUTCOME_UNKNOWN, which the repeat resolves), with exponential
-    backoff and jitter, until
-    ``max_attempts`` or the call's deadline. Not retried: RESOURCE_EXHAUSTED
+    backoff and jitter, until the call's deadline, or, for a call without
+    one, ``max_attempts``. Not retried: RESOURCE_EXHAUSTED
     (a limit does not lift by itself), DEADLINE_EXCEEDED (the caller's own
     deadline) and every other code, which a repeat would only answer again.
 
@@ -67,6 +77,11 @@ class RetryPolicy:
     #: Spreads each wait by +- this fraction, so the ranks of a job that lost
     #: the coordinator together do not come back together.
     jitter: float = 0.2
+    #: Bounds each attempt in seconds (not a long poll's), so that a call
+    #: sent to a coordinator that froze is made again rather than wait out
+    #: the pause: a running coordinator answers in milliseconds, and twice
+    #: the default --election-ttl leaves a slow etcd commit alone. 0: none.
+    attempt_timeout: float = 10.0
 
     def backoff(self, attempt: int) -> float:
         """The wait in seconds before retry number ``attempt`` (from 1)."""

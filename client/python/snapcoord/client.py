@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import collections
 import ipaddress
-import json
 import logging
 import os
 import queue
@@ -17,7 +16,8 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence, Un
 import grpc
 
 from snapcoord import errors
-from snapcoord._retry import DEFAULT_RETRY, RETRIED_METHODS, RetryPolicy
+from snapcoord._leader import CUT_BY_NEW_LEADER, LeaderChannel
+from snapcoord._retry import DEFAULT_RETRY, LONG_LIVED_METHODS, RETRIED_METHODS, RetryPolicy
 from snapcoord.v1 import run_pb2, run_service_pb2, run_service_pb2_grpc, worker_pb2, worker_service_pb2_grpc
 
 if TYPE_CHECKING:  # imported where used: they import this module
@@ -31,32 +31,28 @@ SLOW_CALL_SECONDS = 5.0
 _WORKER_PREFIX = "/snapcoord.v1.WorkerService/"
 _log = logging.getLogger(__name__)
 
-# With several addresses, gRPC sends every call to a coordinator whose health
-# reports this service SERVING: the leader (the followers of an etcd-backed
-# group report NOT_SERVING), or any coordinator on bbolt. While none does
-# (an election), calls fail at once with UNAVAILABLE and are retried; a
-# worker's own calls wait instead (_WaitForReady).
-_FOLLOW_LEADER_CONFIG = json.dumps(
-    {
-        "loadBalancingConfig": [{"round_robin": {}}],
-        "healthCheckConfig": {"serviceName": "snapcoord.v1.WorkerService"},
-    }
-)
+# With several addresses, every call goes to the coordinator whose health
+# turned SERVING last for this service: the leader (see _leader.py).
+_LEADER_SERVICE = "snapcoord.v1.WorkerService"
 
 # Reconnect within a second of a coordinator restart (gRPC's default waits
 # up to two minutes), so that a call waiting on the channel is answered and
 # a worker hears a command issued then in time: connection attempts at most
 # 0.5 s (+-20%) apart, which against a dead coordinator costs each process
-# two refused connects a second. Notice a dead coordinator under an idle
-# command stream: 30 s pings are above the server's minimum interval (10 s).
+# two refused connects a second. Notice a coordinator that stopped answering
+# (frozen, or its host gone) under an idle command stream or a call in
+# flight: a ping after 15 s of silence, the connection dropped 5 s (the
+# default --election-ttl) without its answer; not more often than 15 s, as
+# the coordinator disconnects a client that pings more often than its
+# --keepalive-min-time (10 s) allows. As the Go client.
 # Not grpc.min_reconnect_backoff_ms: gRPC's C core takes it as the time a
 # connection attempt may last, so a coordinator slow to answer a new
 # connection (a loaded machine) would be abandoned at every attempt.
 _CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 500),
-    ("grpc.keepalive_time_ms", 30_000),
-    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.keepalive_time_ms", 15_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
 )
@@ -120,43 +116,68 @@ class _Retry(grpc.UnaryUnaryClientInterceptor):
     whose later attempts settle nothing (UNAVAILABLE, DEADLINE_EXCEEDED,
     CANCELLED) ends with that answer: its change may have taken effect.
 
-    A call's timeout bounds all its attempts together, as a Go context does.
+    Each attempt but a long poll's is bounded by the policy's
+    ``attempt_timeout``, so that a call sent to a coordinator that froze is
+    made again rather than wait out the pause; one cut because another
+    coordinator took over (several addresses) is made again at once.
+
+    A call's timeout bounds all its attempts together, as a Go context does,
+    and a call with one is retried until it, however many attempts that
+    takes: a loss of quorum or an election may outlast ``max_attempts``'
+    backoffs, and the caller said how long it can wait. ``max_attempts``
+    bounds the calls without one, unless ``patient``: a worker's own calls
+    (Trainer, EnvWorker) are then bounded by their timeout only, so that a
+    training loop does not see an outage it could wait out.
     Each retry is logged at DEBUG; a call that waited longer than
     SLOW_CALL_SECONDS for its answer (or for its last failure) at WARNING,
     once, with the failure it waited on.
     """
 
-    def __init__(self, policy: RetryPolicy, channel: Optional[grpc.Channel] = None) -> None:
+    def __init__(self, policy: RetryPolicy, channel: Optional[grpc.Channel] = None, patient: bool = False) -> None:
         self._policy = policy
         self._channel = channel  # watched between attempts (_pause); None: a plain sleep
+        self._patient = patient
 
     def intercept_unary_unary(self, continuation, details, request):  # type: ignore[override]
         if self._policy.max_attempts <= 1:
-            return continuation(details, request)
+            return continuation(self._bounded(details, details.timeout), request)
         safe = details.method in RETRIED_METHODS
         start = time.monotonic()
         deadline = None if details.timeout is None else start + details.timeout
+        unbounded = deadline is not None or self._patient
         attempt, why, unknown = 0, "", None
         while True:
             attempt += 1
-            call = continuation(details, request)
+            left = None if deadline is None else deadline - time.monotonic()
+            bounded = self._bounded(details, left)
+            began = time.monotonic()
+            call = continuation(bounded, request)
+            if bounded.timeout != left and time.monotonic() - began >= bounded.timeout:
+                call = _timed_out_as_unavailable(call)
             if unknown is None and errors.error_reason(call) == errors.REASON_OUTCOME_UNKNOWN:
                 unknown = call
-            if not _retryable(call, safe) or attempt >= self._policy.max_attempts:
+            if not _retryable(call, safe) or (attempt >= self._policy.max_attempts and not unbounded):
                 _warn_if_slow(details.method, start, attempt, why, call)
                 return _still_unknown(unknown, call)
             why = f"{call.code().name}: {call.details()}"
-            wait = self._policy.backoff(attempt)
-            if deadline is not None:
-                left = deadline - time.monotonic()
-                if left <= wait:
-                    _warn_if_slow(details.method, start, attempt, why, call)
-                    return _still_unknown(unknown, call)
-                details = _with(details, timeout=left - wait)
+            wait = 0.0 if call.details() == CUT_BY_NEW_LEADER else self._policy.backoff(attempt)
+            if deadline is not None and deadline - time.monotonic() <= wait:
+                _warn_if_slow(details.method, start, attempt, why, call)
+                return _still_unknown(unknown, call)
             _log.debug("%s: attempt %d failed (%s); retrying within %.2fs", details.method, attempt, why, wait)
             self._pause(wait)
 
+    def _bounded(self, details: grpc.ClientCallDetails, left: Optional[float]) -> grpc.ClientCallDetails:
+        """details for one attempt: the call's time left, at most the policy's
+        attempt_timeout unless the method is a long poll."""
+        cap = self._policy.attempt_timeout
+        if cap > 0 and details.method not in LONG_LIVED_METHODS:
+            left = cap if left is None else min(left, cap)
+        return _with(details, timeout=left)
+
     def _pause(self, wait: float) -> None:
+        if wait <= 0:
+            return
         """Waits ``wait`` seconds, or less if the channel, disconnected when
         the pause began, connects again meanwhile: a coordinator back after a
         restart is called within a moment, not after the rest of a backoff of
@@ -228,6 +249,35 @@ def _still_unknown(unknown: Any, call: Any) -> Any:
     return call
 
 
+class _AttemptTimedOut(grpc.RpcError, grpc.Call):  # type: ignore[misc]
+    """An attempt that ran out of the policy's attempt_timeout (not of the
+    call's own): UNAVAILABLE, so that the retry makes it again."""
+
+    def __init__(self, call: Any) -> None:
+        self._call = call
+
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.UNAVAILABLE
+
+    def details(self) -> str:
+        return "the coordinator did not answer within the attempt timeout (paused, overloaded or cut off)"
+
+    def result(self, timeout: Optional[float] = None) -> Any:
+        raise self
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._call, name)
+
+    def __str__(self) -> str:
+        return f"UNAVAILABLE: {self.details()}"
+
+
+def _timed_out_as_unavailable(call: Any) -> Any:
+    """``call``, which ran for its attempt's timeout (shorter than the time
+    the call had left), or UNAVAILABLE if it ran out of that time."""
+    return _AttemptTimedOut(call) if call.code() == grpc.StatusCode.DEADLINE_EXCEEDED else call
+
+
 def _retryable(call: Any, safe: bool) -> bool:
     if call.code() != grpc.StatusCode.UNAVAILABLE:
         return False
@@ -265,6 +315,11 @@ class Client:
         once = grpc.intercept_channel(channel, bearer, _WaitForReady())
         self.runs = run_service_pb2_grpc.RunServiceStub(retried)
         self.workers = worker_service_pb2_grpc.WorkerServiceStub(retried)
+        # For Trainer and EnvWorker: retried until their timeout, if any,
+        # however many attempts (see _Retry).
+        self.workers_patient = worker_service_pb2_grpc.WorkerServiceStub(
+            grpc.intercept_channel(channel, bearer, _Retry(retry, channel, patient=True))
+        )
         # For a worker's periodic calls (heartbeats, polls, re-registration):
         # the next tick is their retry, and holding one for 20 s would delay
         # everything behind it.
@@ -384,10 +439,11 @@ def connect(
     extra gRPC channel options.
 
     Several addresses are the coordinators of one etcd-backed group: calls
-    go to the one whose health reports SERVING (the leader), and follow it
-    when another takes over; workers resume after their last command, as
-    across a restart. Their names are resolved here, once (so an unknown
-    name fails connect). Over TLS, every coordinator's certificate must
+    go to the one whose health turned SERVING last (the leader), and follow
+    it when another takes over, cutting short a call that waits on a leader
+    that froze (see _leader.py); workers resume after their last command, as
+    across a restart. Their names are checked here (an unknown name fails
+    connect). Over TLS, every coordinator's certificate must
     carry one name: the server name if given, else the one host of all the
     addresses.
     """
@@ -413,21 +469,30 @@ def connect(
         plaintext = tls == TLS() and all(is_loopback(a) for a in addrs)
     if timeout is None and env.get("SNAPCOORD_TIMEOUT"):
         timeout = parse_duration("SNAPCOORD_TIMEOUT", env["SNAPCOORD_TIMEOUT"])
-    opts = list(_CHANNEL_OPTIONS)
-    target = addrs[0]
     if len(addrs) > 1:
-        target = leader_target(addrs)
-        opts.append(("grpc.service_config", _FOLLOW_LEADER_CONFIG))
-    opts += options
+        for a in addrs:
+            _resolve(a)  # an unknown name fails connect
+    opts = list(_CHANNEL_OPTIONS) + list(options)
     if plaintext:
         if tls != TLS():
             raise ValueError("snapcoord: plaintext excludes TLS files and server name (SNAPCOORD_PLAINTEXT and SNAPCOORD_CA_FILE, ...)")
-        channel = grpc.insecure_channel(target, options=opts)
+
+        def make(target: str) -> grpc.Channel:
+            return grpc.insecure_channel(target, options=opts)
+
     else:
         name = tls.server_name or (_common_host(addrs) if len(addrs) > 1 else None)
         if name:
             opts.append(("grpc.ssl_target_name_override", name))
-        channel = grpc.secure_channel(target, _credentials(tls), options=opts)
+        creds = _credentials(tls)
+
+        def make(target: str) -> grpc.Channel:
+            return grpc.secure_channel(target, creds, options=opts)
+
+    if len(addrs) > 1:
+        channel: grpc.Channel = LeaderChannel(make, addrs, _LEADER_SERVICE)
+    else:
+        channel = make(addrs[0])
     return Client(
         channel,
         admin_token=admin,

@@ -196,7 +196,7 @@ class EnvWorker(_Handle):
                 message=message,
                 incarnation=inc,
             )
-            return self._c.workers.ReportSnapshot(req, timeout=self._timeout(timeout))
+            return self._c.workers_patient.ReportSnapshot(req, timeout=self._timeout(timeout))
 
         while True:
             try:

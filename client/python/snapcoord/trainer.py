@@ -107,7 +107,7 @@ class Trainer(_Handle):
                 incarnation=inc,
                 local_action=cast(event_pb2.StepAction, local_action or 0),  # an IntEnum of the same values
             )
-            return self._c.workers.CompleteStep(req, timeout=self._timeout(timeout), wait_for_ready=wait_for_ready)
+            return self._c.workers_patient.CompleteStep(req, timeout=self._timeout(timeout), wait_for_ready=wait_for_ready)
 
         return Decision.from_response(self._w.fenced(call))
 
@@ -133,7 +133,7 @@ class Trainer(_Handle):
                 save_seconds=save_seconds,
                 incarnation=inc,
             )
-            return self._c.workers.ReportCheckpoint(req, timeout=self._timeout(timeout), wait_for_ready=wait_for_ready)
+            return self._c.workers_patient.ReportCheckpoint(req, timeout=self._timeout(timeout), wait_for_ready=wait_for_ready)
 
         return RunState(self._w.fenced(call).run_state)
 
@@ -142,7 +142,7 @@ class Trainer(_Handle):
 
         def call(inc: int) -> ws.FinishRunResponse:
             req = ws.FinishRunRequest(run_id=self.run_id, worker_id=self._w.worker_id, incarnation=inc)
-            return self._c.workers.FinishRun(req, timeout=self._timeout(timeout))
+            return self._c.workers_patient.FinishRun(req, timeout=self._timeout(timeout))
 
         return RunState(self._w.fenced(call).run_state)
 

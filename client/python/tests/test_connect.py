@@ -220,6 +220,29 @@ def test_retries_exactly_the_listed_methods_on_unavailable() -> None:
     assert 2 <= n <= 7 and time.monotonic() - t0 < 0.4
 
 
+def test_a_call_with_a_timeout_outlasts_max_attempts_and_each_attempt_is_bounded() -> None:
+    """A loss of etcd quorum may outlast max_attempts' backoffs: a call with
+    a timeout is retried until it, and a worker's own calls (patient) until
+    theirs; each attempt but a long poll's gets at most attempt_timeout."""
+    get_run = "/snapcoord.v1.RunService/GetRun"
+    few = RetryPolicy(max_attempts=2, base_delay=0.01, max_delay=0.01, jitter=0, attempt_timeout=5.0)
+    down = [grpc.StatusCode.UNAVAILABLE] * 9 + [grpc.StatusCode.OK]
+    assert attempts(get_run, down, few) == 2  # no timeout: max_attempts
+    assert attempts(get_run, down, few, timeout=30.0) == 10
+    made: list[Any] = []
+
+    def continuation(details: grpc.ClientCallDetails, request: Any) -> FakeCall:
+        made.append(details.timeout)
+        return FakeCall(down[len(made) - 1])
+
+    _Retry(few, patient=True).intercept_unary_unary(continuation, _Details(get_run, None, None, None, None, None), None)
+    assert len(made) == 10 and made[0] == 5.0, made
+    made.clear()
+    poll = "/snapcoord.v1.WorkerService/PollCommands"
+    _Retry(few).intercept_unary_unary(continuation, _Details(poll, 40.0, None, None, None, None), None)
+    assert made[0] > 39, "a long poll's attempt is bounded by its own timeout only"
+
+
 def test_retries_are_logged_and_a_slow_call_warns_once(caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each retry at DEBUG (method, attempt, code, wait); a call that waited
     longer than SLOW_CALL_SECONDS (5 s; 0.25 s here) once at WARNING, with

@@ -121,27 +121,34 @@ def test_calls_go_to_the_serving_coordinator(coordinator: Coordinator, follower:
 def test_not_leader_is_retried_even_where_unavailable_is_not(coordinator: Coordinator) -> None:
     """A stale leader (still SERVING in its health) refuses a call with
     NOT_LEADER: the call did nothing there, so even ReissueRunToken, never
-    retried on a plain UNAVAILABLE, is repeated, and reaches the leader.
-    Round robin over the two sends every other first attempt to the stale one."""
+    retried on a plain UNAVAILABLE, is repeated, and reaches the leader; the
+    stale one is passed over from then on. Calls go to the coordinator whose
+    health turned SERVING last: the stale one in about every other client."""
     admin = coordinator.admin()
-    for i in range(6):
+    for i in range(40):
         admin.create_run(f"run-{i}", run_spec(1, budget="00:01:00:00"))
     stale = Follower(serving=True)
     try:
-        with snapcoord.connect([stale.addr, coordinator.addr], timeout=10.0, env={}) as c:
-            for i in range(4):
-                run = c.call(c.runs.ReissueRunToken, run_service_pb2.ReissueRunTokenRequest(run_id=f"run-{i}", reason="test")).run
-                assert run.run_id == f"run-{i}"
-            assert stale.calls >= 1
-            # The same refusal without NOT_LEADER is a plain UNAVAILABLE: not retried.
-            stale.not_leader = False
-            refused = 0
-            for i in (4, 5):
+        i = 0
+        while stale.calls == 0:
+            assert i < 20, "20 clients, and no call reached the stale leader"
+            with snapcoord.connect([stale.addr, coordinator.addr], timeout=10.0, env={}) as c:
+                for _ in range(3):
+                    run = c.call(c.runs.ReissueRunToken, run_service_pb2.ReissueRunTokenRequest(run_id=f"run-{i}", reason="test")).run
+                    assert run.run_id == f"run-{i}"
+                    i += 1
+        assert stale.calls == 1, "the stale leader was not passed over after its refusal"
+        # The same refusal without NOT_LEADER is a plain UNAVAILABLE: not retried.
+        stale.not_leader = False
+        refused = 0
+        while refused == 0:
+            assert i < 40, "20 clients, and no call reached the stale leader"
+            with snapcoord.connect([stale.addr, coordinator.addr], timeout=10.0, env={}) as c:
                 try:
                     c.call(c.runs.ReissueRunToken, run_service_pb2.ReissueRunTokenRequest(run_id=f"run-{i}", reason="test"))
                 except snapcoord.UnavailableError:
                     refused += 1
-            assert refused == 1
+                i += 1
     finally:
         stale.stop()
 

@@ -177,7 +177,7 @@ func (f *fleet) checkpointAll(ctx context.Context, step int64) {
 
 // verify checks, through the leader, that the run ended STOPPED (or runs
 // on, when want is RUNNING), that every acknowledged snapshot report is
-// stored, and that no worker was ever declared LOST.
+// stored, and that no worker was declared LOST while the run went on.
 func (f *fleet) verify(ctx context.Context, want v1.RunState) {
 	f.t.Helper()
 	run, err := f.admin.Runs.GetRun(ctx, &v1.GetRunRequest{RunId: f.id})
@@ -204,9 +204,13 @@ func (f *fleet) verify(ctx context.Context, want v1.RunState) {
 		}
 	}
 	f.mu.Unlock()
+	// A worker's process stops heartbeating once told Stop (its commands
+	// end), so leases lapse after the run ended: only a loss while the run
+	// went on is a healthy worker's.
+	ended := run.GetRun().GetEndedAt()
 	err = f.admin.WatchEvents(ctx, f.id, 0, false, func(ev *v1.RunEvent) error {
-		if ev.GetType() == v1.RunEventType_RUN_EVENT_TYPE_WORKER_LOST {
-			f.t.Errorf("a healthy worker was declared lost: %s", ev.GetMessage())
+		if ev.GetType() == v1.RunEventType_RUN_EVENT_TYPE_WORKER_LOST && (ended == nil || ev.GetAt().AsTime().Before(ended.AsTime())) {
+			f.t.Errorf("a healthy worker was declared lost while the run went on: %s", ev.GetMessage())
 		}
 		return nil
 	})

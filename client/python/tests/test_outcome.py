@@ -116,7 +116,8 @@ def test_unknown_outcome_is_raised_when_the_retries_settle_nothing(coordinator: 
     may have been made), not the last attempt's plain UnavailableError."""
     coordinator.admin().create_run("run-a", run_spec(1, budget="00:01:00:00"))
     policy = snapcoord.RetryPolicy(max_attempts=3, base_delay=0.01, max_delay=0.01)
-    with snapcoord.connect(proxy.addr, timeout=10.0, retry=policy, env={}) as c:
+    # No timeout: a call with one is retried until it, however many attempts.
+    with snapcoord.connect(proxy.addr, retry=policy, env={}) as c:
         proxy.unknown["CancelRun"] = 1
         proxy.down = True
         with pytest.raises(snapcoord.OutcomeUnknownError):

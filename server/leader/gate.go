@@ -15,7 +15,7 @@ import (
 	"google.golang.org/grpc"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
-	"github.com/snapcoord/snapcoord/rpcfacts"
+	"github.com/snapcoord/snapcoord/internal/apifacts"
 	"github.com/snapcoord/snapcoord/server/engine"
 	"github.com/snapcoord/snapcoord/server/transport"
 	"github.com/snapcoord/snapcoord/store"
@@ -240,7 +240,7 @@ func (g *Gate) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 }
 
 // readOnly are the RPCs that change nothing the coordinator keeps.
-var readOnly = rpcfacts.Set(rpcfacts.ReadOnly)
+var readOnly = apifacts.Set(apifacts.ReadOnly)
 
 // withheld answers a call whose term could not be confirmed once its
 // handler was done. A change the handler made was committed through the

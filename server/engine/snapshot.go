@@ -102,7 +102,7 @@ func (m snapshotMut) armSnapshotTimeout() {
 	})
 }
 
-func (e *Engine) reportSnapshot(ctx context.Context, req *v1.ReportSnapshotRequest) (*v1.ReportSnapshotResponse, error) {
+func (e *Engine) ReportSnapshot(ctx context.Context, req *v1.ReportSnapshotRequest) (*v1.ReportSnapshotResponse, error) {
 	var state v1.RunState
 	err := e.mutate(ctx, req.RunId, func(m *mut) error {
 		w, err := m.r.worker(req.WorkerId, req.Incarnation, v1.WorkerRole_WORKER_ROLE_ENVIRONMENT, "ReportSnapshot")

@@ -1,4 +1,6 @@
-// Package leader is the follower gate of a coordinator group on one store:
+// Package leader is high availability for a coordinator group on one
+// store (the etcd store, store/etcdstore): the election of the leader and
+// its terms (election.go, leasehold.go), and the follower gate (gate.go):
 // only the coordinator that leads serves RunService and WorkerService, each
 // call with the engine of the term it arrived in. A leader deposed before
 // it noticed may still let calls in, but commits nothing: the store fences

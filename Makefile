@@ -1,6 +1,7 @@
 # snapcoord: build, test and verification entry points.
 #
-# Every tool is pinned by a tool module under tools/ and run with
+# Every tool is pinned by a tool module under tools/ (tools/dev holds the
+# project's own development programs, built by `make build`) and run with
 # `go tool -modfile=tools/X/go.mod NAME`; the first use downloads and builds it
 # from the Go module proxy (buf takes a few minutes cold), later uses are fast.
 # Run every target from the repository root. `make help` lists the targets.
@@ -62,8 +63,8 @@ BUILD_VERSION = $(shell git describe --always --dirty 2>/dev/null || echo unknow
 BUILD_COMMIT = $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 BUILD_LDFLAGS = -X $(VERSION_PKG).stampedVersion=$(BUILD_VERSION) -X $(VERSION_PKG).stampedCommit=$(BUILD_COMMIT)
 
-build: ## Build the binaries into bin/ (stamped with git describe and the commit).
-	$(GO) build -ldflags '$(BUILD_LDFLAGS)' -o bin/ ./cmd/...
+build: ## Build the binaries (snapcoord, snapctl and the tools/dev programs) into bin/ (stamped with git describe and the commit).
+	$(GO) build -ldflags '$(BUILD_LDFLAGS)' -o bin/ ./cmd/... ./tools/dev/...
 
 # Where `make run`'s coordinator listens and keeps its data, e.g. a second
 # one beside the first: make run LISTEN=127.0.0.1:7080
@@ -225,10 +226,10 @@ FUZZ_TARGETS := ./server/deadline:FuzzParseBudget ./server/grpcserver:FuzzCreate
 SIM_FLAGS ?=
 .PHONY: sim sim-frontier
 sim: ## Simulate workloads A-H under each deadline policy and write the tables into docs/simulation.md.
-	$(GO) run ./cmd/snapsim --doc docs/simulation.md $(SIM_FLAGS)
+	$(GO) run ./tools/dev/snapsim --doc docs/simulation.md $(SIM_FLAGS)
 
 sim-frontier: ## Compare ExpectedLoss settings over workloads A-H (a few minutes) and write the frontier into docs/simulation.md.
-	$(GO) run ./cmd/snapsim --frontier --runs 1000 --doc docs/simulation.md $(SIM_FLAGS)
+	$(GO) run ./tools/dev/snapsim --frontier --runs 1000 --doc docs/simulation.md $(SIM_FLAGS)
 
 bench: build ## Load benchmark: each figure with its floor and ratio, on bbolt and on etcd (under 4 min on 2 cores).
 	scripts/deps-etcd.sh

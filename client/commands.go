@@ -9,7 +9,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
-	"github.com/snapcoord/snapcoord/runstate"
+	"github.com/snapcoord/snapcoord/internal/apifacts"
 )
 
 // errNoStop: a poll found the run terminal and no command after the last
@@ -161,7 +161,7 @@ func (w *Worker) poll(ctx context.Context, inc int64) (stopped, progressed bool,
 			return stopped, true, err
 		}
 	}
-	if len(resp.GetCommands()) == 0 && runstate.Terminal(resp.GetRunState()) {
+	if len(resp.GetCommands()) == 0 && apifacts.Terminal(resp.GetRunState()) {
 		return false, false, errNoStop // polls of a terminal run return at once: must not spin
 	}
 	return false, true, nil

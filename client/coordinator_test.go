@@ -18,9 +18,9 @@ import (
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 	"github.com/snapcoord/snapcoord/client"
-	coord "github.com/snapcoord/snapcoord/coordinator"
-	"github.com/snapcoord/snapcoord/coordinator/coordtest"
 	"github.com/snapcoord/snapcoord/internal/spectest"
+	coord "github.com/snapcoord/snapcoord/server/coordinator"
+	"github.com/snapcoord/snapcoord/server/coordinator/coordtest"
 )
 
 // The worker helper runs goroutines; after Close none may be left.

@@ -11,7 +11,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
-	"github.com/snapcoord/snapcoord/enumtext"
+	"github.com/snapcoord/snapcoord/internal/apifacts"
 )
 
 // FailSafeConfig is a trainer rank's fail-safe plan (docs/design.md, "When
@@ -88,9 +88,9 @@ type localReport struct {
 
 func (r localReport) String() string {
 	if r.action == v1.StepAction_STEP_ACTION_UNSPECIFIED {
-		return fmt.Sprintf("checkpoint of step %d %s", r.step, enumtext.Name(r.phase))
+		return fmt.Sprintf("checkpoint of step %d %s", r.step, apifacts.EnumName(r.phase))
 	}
-	return fmt.Sprintf("step %d %s", r.step, enumtext.Name(r.action))
+	return fmt.Sprintf("step %d %s", r.step, apifacts.EnumName(r.action))
 }
 
 // anchorOn makes d, just received, the plan's anchor.
@@ -129,7 +129,7 @@ func (t *Trainer) goLocal(cause error) {
 	}
 	t.fs.local = cause
 	t.log.Warn("cannot reach the coordinator: this rank decides its steps by the fail-safe plan from the last decision it received, and reports them when the coordinator answers again",
-		"addr", t.c.addr, "err", cause, "anchor_step", t.fs.anchor.GetStep(), "anchor_action", enumtext.Name(t.fs.anchor.GetAction()))
+		"addr", t.c.addr, "err", cause, "anchor_step", t.fs.anchor.GetStep(), "anchor_action", apifacts.EnumName(t.fs.anchor.GetAction()))
 }
 
 // answered notes a call the coordinator answered: if the rank was deciding
@@ -209,7 +209,7 @@ func (t *Trainer) report(ctx context.Context, wait time.Duration, r localReport)
 	t.answered()
 	if d.GetAction() != r.action {
 		t.log.Error("the coordinator had decided a step otherwise than this rank did while it could not reach it",
-			"step", r.step, "rank_did", enumtext.Name(r.action), "decision", enumtext.Name(d.GetAction()), "explanation", d.GetExplanation())
+			"step", r.step, "rank_did", apifacts.EnumName(r.action), "decision", apifacts.EnumName(d.GetAction()), "explanation", d.GetExplanation())
 	}
 	t.fs.anchorOn(d)
 	return nil

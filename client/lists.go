@@ -5,7 +5,7 @@ import (
 	"fmt"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
-	"github.com/snapcoord/snapcoord/paging"
+	"github.com/snapcoord/snapcoord/internal/paging"
 )
 
 // Snapshots returns all of a run's snapshots, oldest first, following

@@ -5,7 +5,7 @@ import (
 	"time"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
-	"github.com/snapcoord/snapcoord/enumtext"
+	"github.com/snapcoord/snapcoord/internal/apifacts"
 )
 
 // localPlan is how a trainer rank decides a step by itself while it cannot
@@ -68,7 +68,7 @@ func (p localPlan) decide(n int64, saves int, now time.Time) localDecision {
 		return localDecision{action: v1.StepAction_STEP_ACTION_CONTINUE,
 			explanation: fmt.Sprintf("step %d is before step %d, the last decided: continue", n, p.step)}
 	case n == p.step:
-		return localDecision{action: p.action, explanation: fmt.Sprintf("step %d was decided %s", n, enumtext.Name(p.action))}
+		return localDecision{action: p.action, explanation: fmt.Sprintf("step %d was decided %s", n, apifacts.EnumName(p.action))}
 	case p.action == v1.StepAction_STEP_ACTION_SAVE_AND_STOP || p.action == v1.StepAction_STEP_ACTION_STOP:
 		return localDecision{action: v1.StepAction_STEP_ACTION_STOP,
 			explanation: fmt.Sprintf("the deadline fired at step %d or before: stop", p.step)}

@@ -14,8 +14,8 @@ import (
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 	"github.com/snapcoord/snapcoord/client"
-	coord "github.com/snapcoord/snapcoord/coordinator"
 	"github.com/snapcoord/snapcoord/internal/logsink"
+	coord "github.com/snapcoord/snapcoord/server/coordinator"
 )
 
 // copyStore stops the coordinator, copies its store file to a new

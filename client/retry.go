@@ -12,7 +12,7 @@ import (
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/status"
 
-	"github.com/snapcoord/snapcoord/rpcfacts"
+	"github.com/snapcoord/snapcoord/internal/apifacts"
 )
 
 // RetryPolicy is how unary calls that are safe to repeat are retried: on
@@ -82,7 +82,7 @@ func (p RetryPolicy) followWait(failures uint) time.Duration {
 // retried lists the unary methods the policy applies to: those the API
 // declares retry_safe (proto/snapcoord/v1, where each says why a repeat
 // after a lost reply does no harm). The Python client reads the same facts.
-var retried = rpcfacts.Set(rpcfacts.RetrySafe)
+var retried = apifacts.Set(apifacts.RetrySafe)
 
 // unaryInterceptor retries, with the policy, the unary calls that are safe
 // to make again: those in retried on every UNAVAILABLE (OutcomeUnknown
@@ -171,11 +171,11 @@ func InWords(err error) error {
 
 // longLived lists the methods whose calls may rightly stay open long: the
 // long poll (PollCommands, bounded by its wait_seconds) and the streams.
-var longLived = rpcfacts.Set(rpcfacts.LongLived)
+var longLived = apifacts.Set(apifacts.LongLived)
 
 // readOnly lists the methods that change nothing: an attempt of one that
 // was cut did nothing either.
-var readOnly = rpcfacts.Set(rpcfacts.ReadOnly)
+var readOnly = apifacts.Set(apifacts.ReadOnly)
 
 // retriable reports whether method may be made again after failing with
 // err: a retry_safe method after any UNAVAILABLE, any method after

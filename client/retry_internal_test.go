@@ -37,7 +37,7 @@ func TestFollowWaitIsCappedAtASecond(t *testing.T) {
 }
 
 // Worker.ReportSnapshot repeats its call until answered: the API must
-// declare it safe to repeat, in the one list of such calls (rpcfacts).
+// declare it safe to repeat, in the one list of such calls (internal/apifacts).
 func TestReportSnapshotIsDeclaredRetrySafe(t *testing.T) {
 	if !retried[v1.WorkerService_ReportSnapshot_FullMethodName] {
 		t.Fatal("ReportSnapshot is not retry_safe in proto/snapcoord/v1, yet Worker.ReportSnapshot repeats it")

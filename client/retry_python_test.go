@@ -11,8 +11,7 @@ import (
 	"testing"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
-	"github.com/snapcoord/snapcoord/enumtext"
-	"github.com/snapcoord/snapcoord/runstate"
+	"github.com/snapcoord/snapcoord/internal/apifacts"
 )
 
 // pythonDir is the Python client, which must read the API's facts as the
@@ -44,15 +43,15 @@ func TestPythonRetryListMatchesGo(t *testing.T) {
 }
 
 // TestPythonTerminalStatesMatchGo fails when the Python client's
-// RunState.terminal and runstate.Terminal disagree: both read the
+// RunState.terminal and apifacts.Terminal disagree: both read the
 // (snapcoord.v1.terminal) option, and a client that took a terminal run for
 // a live one would poll it forever.
 func TestPythonTerminalStatesMatchGo(t *testing.T) {
 	py := pythonList(t, "[s.name for s in snapcoord.types.RunState if s.terminal]")
 	var goList []string
 	for n := range v1.RunState_name {
-		if s := v1.RunState(n); runstate.Terminal(s) {
-			goList = append(goList, enumtext.Name(s))
+		if s := v1.RunState(n); apifacts.Terminal(s) {
+			goList = append(goList, apifacts.EnumName(s))
 		}
 	}
 	slices.Sort(py)

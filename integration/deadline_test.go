@@ -9,7 +9,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
-	"github.com/snapcoord/snapcoord/coordinator"
+	"github.com/snapcoord/snapcoord/server/coordinator"
 )
 
 // The whole deadline sequence over a real server: 4 trainer ranks and 8

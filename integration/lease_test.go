@@ -7,8 +7,8 @@ import (
 	"time"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
-	"github.com/snapcoord/snapcoord/coordinator"
 	"github.com/snapcoord/snapcoord/server/clock"
+	"github.com/snapcoord/snapcoord/server/coordinator"
 )
 
 // Lease timings of these tests: heartbeat every 100ms, lost after 300ms of

@@ -15,8 +15,8 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+	"github.com/snapcoord/snapcoord/internal/apifacts"
 	"github.com/snapcoord/snapcoord/internal/spectest"
-	"github.com/snapcoord/snapcoord/runstate"
 )
 
 // reader is one worker's command receiver, written the way docs/design.md tells
@@ -146,7 +146,7 @@ func (rd *reader) pollLoop(ctx context.Context) error {
 				return nil
 			}
 		}
-		if runstate.Terminal(resp.RunState) {
+		if apifacts.Terminal(resp.RunState) {
 			// The Stop is issued in the same commit as the terminal
 			// state, so a poll that reports the state must carry it.
 			rd.violate("poll after seq %d reported run_state %v without delivering the Stop", after, resp.RunState)

@@ -14,8 +14,8 @@ import (
 
 	"github.com/snapcoord/snapcoord/cmd/internal/durations"
 	"github.com/snapcoord/snapcoord/cmd/internal/flagtext"
-	"github.com/snapcoord/snapcoord/coordinator"
 	"github.com/snapcoord/snapcoord/internal/loopback"
+	"github.com/snapcoord/snapcoord/server/coordinator"
 )
 
 // envPrefix names the environment variable behind every flag: --lease-ttl

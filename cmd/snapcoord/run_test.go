@@ -12,8 +12,8 @@ import (
 
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
-	"github.com/snapcoord/snapcoord/coordinator"
 	"github.com/snapcoord/snapcoord/internal/logsink"
+	"github.com/snapcoord/snapcoord/server/coordinator"
 )
 
 func noEnv(string) (string, bool) { return "", false }

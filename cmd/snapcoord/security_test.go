@@ -18,7 +18,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
-	"github.com/snapcoord/snapcoord/coordinator"
+	"github.com/snapcoord/snapcoord/server/coordinator"
 )
 
 const (

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/snapcoord/snapcoord/cmd/internal/version"
-	"github.com/snapcoord/snapcoord/coordinator"
+	"github.com/snapcoord/snapcoord/server/coordinator"
 )
 
 func runServe(ctx context.Context, args []string, lookupEnv func(string) (string, bool), stdout, stderr io.Writer) int {

@@ -16,7 +16,7 @@ import (
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 	"github.com/snapcoord/snapcoord/client"
-	"github.com/snapcoord/snapcoord/enumtext"
+	"github.com/snapcoord/snapcoord/internal/apifacts"
 )
 
 // The backstop: Slurm's --signal (USR1 by default) reaches the sidecar a
@@ -197,7 +197,7 @@ func (s *sidecar) takeBackstop(ctx context.Context, running *hookRun, id string)
 func (s *sidecar) keepBackstop(o snapshotOrder, res hookResult) {
 	s.backstopDone.Store(&backstopTaken{id: o.id, outcome: res.outcome, at: time.Now()})
 	s.log.Warn("backstop snapshot taken locally: the coordinator knows nothing of it", "snapshot_id", o.id,
-		"outcome", enumtext.Name(res.outcome))
+		"outcome", apifacts.EnumName(res.outcome))
 }
 
 // withBackstopNote adds to the report of a deadline snapshot this worker
@@ -209,6 +209,6 @@ func (s *sidecar) withBackstopNote(o snapshotOrder, res hookResult) hookResult {
 		return res
 	}
 	res.message += fmt.Sprintf("; this worker's state was saved by the local backstop snapshot %s at %s (%s)",
-		b.id, b.at.UTC().Format(timeMillis), enumtext.Name(b.outcome))
+		b.id, b.at.UTC().Format(timeMillis), apifacts.EnumName(b.outcome))
 	return res
 }

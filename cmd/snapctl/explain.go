@@ -12,7 +12,7 @@ import (
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 	"github.com/snapcoord/snapcoord/client"
-	"github.com/snapcoord/snapcoord/enumtext"
+	"github.com/snapcoord/snapcoord/internal/apifacts"
 )
 
 func setupRunExplain(fs *flag.FlagSet, c *cli) func(context.Context, []string) error {
@@ -99,7 +99,7 @@ func explainDecision(w io.Writer, run *v1.Run, d *v1.Decision) {
 func explainNow(w io.Writer, run *v1.Run) {
 	switch {
 	case run.GetFiredAt() != nil || run.GetEndedAt() != nil:
-		fmt.Fprintf(w, "Now: the run is %s", enumtext.Name(run.GetState()))
+		fmt.Fprintf(w, "Now: the run is %s", apifacts.EnumName(run.GetState()))
 		if run.GetFiredAt() != nil {
 			fmt.Fprintf(w, "; the deadline fired %s", describeFire(run))
 		}
@@ -164,7 +164,7 @@ func actionWord(a v1.StepAction) string {
 // explainNoStep says what will happen before the first decision.
 func explainNoStep(w io.Writer, run *v1.Run) {
 	in := run.GetDeadline()
-	fmt.Fprintf(w, "run %s is %s: no step has been decided.\n", run.GetRunId(), enumtext.Name(run.GetState()))
+	fmt.Fprintf(w, "run %s is %s: no step has been decided.\n", run.GetRunId(), apifacts.EnumName(run.GetState()))
 	if run.GetFiredAt() != nil {
 		fmt.Fprintf(w, "The deadline fired %s.\n", describeFire(run))
 		return

@@ -9,7 +9,7 @@ import (
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 	"github.com/snapcoord/snapcoord/client"
-	"github.com/snapcoord/snapcoord/enumtext"
+	"github.com/snapcoord/snapcoord/internal/apifacts"
 )
 
 func setupWorkers(_ *flag.FlagSet, c *cli) func(context.Context, []string) error {
@@ -31,8 +31,8 @@ func setupWorkers(_ *flag.FlagSet, c *cli) func(context.Context, []string) error
 				if w.GetRole() == v1.WorkerRole_WORKER_ROLE_TRAINER {
 					rank = strconv.Itoa(int(w.GetRank()))
 				}
-				rows = append(rows, []string{w.GetWorkerId(), w.GetName(), enumtext.Lower(w.GetRole()), rank,
-					enumtext.Name(w.GetState()), strconv.FormatInt(w.GetIncarnation(), 10),
+				rows = append(rows, []string{w.GetWorkerId(), w.GetName(), apifacts.EnumLower(w.GetRole()), rank,
+					apifacts.EnumName(w.GetState()), strconv.FormatInt(w.GetIncarnation(), 10),
 					stamp(w.GetRegisteredAt()), stamp(w.GetLeaseExpiresAt())})
 			}
 			return table(c.stdout, "ID\tNAME\tROLE\tRANK\tSTATE\tINCARNATION\tREGISTERED\tLEASE EXPIRES", rows)
@@ -65,13 +65,13 @@ func setupSnapshots(_ *flag.FlagSet, c *cli) func(context.Context, []string) err
 func snapshotRow(s *v1.Snapshot) []string {
 	outcome, took := "in flight", "-"
 	if s.GetCompletedAt() != nil {
-		outcome, took = enumtext.Name(s.GetOutcome()), secs(s.GetDurationSeconds())
+		outcome, took = apifacts.EnumName(s.GetOutcome()), secs(s.GetDurationSeconds())
 	}
 	var reports []string
 	for _, r := range s.GetReports() {
-		reports = append(reports, fmt.Sprintf("%s %s %s", r.GetWorkerId(), enumtext.Name(r.GetOutcome()), secs(r.GetDurationSeconds())))
+		reports = append(reports, fmt.Sprintf("%s %s %s", r.GetWorkerId(), apifacts.EnumName(r.GetOutcome()), secs(r.GetDurationSeconds())))
 	}
-	return []string{s.GetSnapshotId(), enumtext.Lower(s.GetReason()), strconv.FormatInt(s.GetAnchorStep(), 10),
+	return []string{s.GetSnapshotId(), apifacts.EnumLower(s.GetReason()), strconv.FormatInt(s.GetAnchorStep(), 10),
 		strconv.FormatBool(s.GetForced()), stamp(s.GetIssuedAt()), outcome, took,
 		fmt.Sprintf("%d/%d: %s", len(s.GetReports()), len(s.GetExpectedWorkerIds()), strings.Join(reports, ", ")),
 		s.GetMessage()}
@@ -106,7 +106,7 @@ func (c *cli) printEvents(ctx context.Context, cl *client.Client, runID string, 
 			return c.printJSON(ev, "")
 		}
 		_, err := fmt.Fprintf(c.stdout, "%5d  %s  %-18s  %s\n", ev.GetSeq(), stamp(ev.GetAt()),
-			enumtext.Lower(ev.GetType()), ev.GetMessage())
+			apifacts.EnumLower(ev.GetType()), ev.GetMessage())
 		return err
 	})
 	if err != nil && ctx.Err() != nil && follow {

@@ -12,7 +12,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
-	"github.com/snapcoord/snapcoord/enumtext"
+	"github.com/snapcoord/snapcoord/internal/apifacts"
 )
 
 // nemoRLConfig is the part of a NeMo RL training config that becomes a run
@@ -97,7 +97,7 @@ func (cfg nemoRLConfig) apply(spec *v1.RunSpec) error {
 
 // parseTargetLevel accepts "turn", "TURN" or "TARGET_LEVEL_TURN".
 func parseTargetLevel(s string) (v1.TargetLevel, error) {
-	if v, ok := enumtext.Parse[v1.TargetLevel](s); ok {
+	if v, ok := apifacts.ParseEnum[v1.TargetLevel](s); ok {
 		return v, nil
 	}
 	return 0, fmt.Errorf("%q is not a target level (prompt_group, sibling, turn, prefix)", s)

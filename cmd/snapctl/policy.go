@@ -7,13 +7,13 @@ import (
 	"time"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
-	"github.com/snapcoord/snapcoord/enumtext"
+	"github.com/snapcoord/snapcoord/internal/apifacts"
 )
 
 // parsePolicy accepts "max", "expected-loss", "expected_loss" or the enum
 // name.
 func parsePolicy(s string) (v1.ReservePolicy, error) {
-	if v, ok := enumtext.Parse[v1.ReservePolicy](strings.ReplaceAll(s, "-", "_")); ok {
+	if v, ok := apifacts.ParseEnum[v1.ReservePolicy](strings.ReplaceAll(s, "-", "_")); ok {
 		return v, nil
 	}
 	return 0, fmt.Errorf("%q is not a policy (max, expected-loss)", s)

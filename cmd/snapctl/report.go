@@ -10,7 +10,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
-	"github.com/snapcoord/snapcoord/enumtext"
+	"github.com/snapcoord/snapcoord/internal/apifacts"
 )
 
 // snapshotReporter is the call that reports a snapshot's outcome:
@@ -71,7 +71,7 @@ func newReporter(to snapshotReporter, log *slog.Logger) *reporter {
 // nobody waits for the report. Any other error is logged and ends it: a
 // repeat would only be refused again.
 func (r *reporter) report(ctx context.Context, id string, res hookResult) {
-	log := r.log.With("snapshot_id", id, "outcome", enumtext.Name(res.outcome))
+	log := r.log.With("snapshot_id", id, "outcome", apifacts.EnumName(res.outcome))
 	var lastLog time.Time
 	for attempt := 1; ; attempt++ {
 		again, err := r.attempt(ctx, attempt == 1, id, res)

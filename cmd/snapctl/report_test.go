@@ -13,7 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
-	"github.com/snapcoord/snapcoord/enumtext"
+	"github.com/snapcoord/snapcoord/internal/apifacts"
 )
 
 // fakeReporter stands in for *client.Worker. Each call runs answer with
@@ -28,7 +28,7 @@ type fakeReporter struct {
 func (f *fakeReporter) ReportSnapshot(ctx context.Context, id string, outcome v1.SnapshotOutcome, _ time.Duration, msg string) (v1.RunState, error) {
 	f.calls++
 	f.ended = append(f.ended, ctx.Err())
-	f.reports = append(f.reports, fmt.Sprintf("%s %s: %s", id, enumtext.Name(outcome), msg))
+	f.reports = append(f.reports, fmt.Sprintf("%s %s: %s", id, apifacts.EnumName(outcome), msg))
 	if f.answer != nil {
 		if err := f.answer(ctx, f.calls); err != nil {
 			return 0, err

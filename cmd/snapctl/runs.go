@@ -13,7 +13,7 @@ import (
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 	"github.com/snapcoord/snapcoord/client"
 	"github.com/snapcoord/snapcoord/cmd/internal/durations"
-	"github.com/snapcoord/snapcoord/enumtext"
+	"github.com/snapcoord/snapcoord/internal/apifacts"
 )
 
 // withClient runs fn with a connection bounded by --timeout.
@@ -157,7 +157,7 @@ func parseRunState(s string) (v1.RunState, error) {
 	if s == "" {
 		return v1.RunState_RUN_STATE_UNSPECIFIED, nil
 	}
-	if v, ok := enumtext.Parse[v1.RunState](s); ok {
+	if v, ok := apifacts.ParseEnum[v1.RunState](s); ok {
 		return v, nil
 	}
 	return 0, inputErr("--state %q: want pending, running, saving, snapshotting, stopped, completed, failed or cancelled", s)
@@ -171,7 +171,7 @@ func (c *cli) printRunTable(runs []*v1.Run) error {
 		if ts := r.GetDeadline().GetMustSaveBy(); ts != nil {
 			b = stamp(ts) + " (" + relative(ts.AsTime(), now) + ")"
 		}
-		rows = append(rows, []string{r.GetRunId(), enumtext.Name(r.GetState()),
+		rows = append(rows, []string{r.GetRunId(), apifacts.EnumName(r.GetState()),
 			strconv.FormatInt(r.GetLastStep(), 10), b, stamp(r.GetCreatedAt())})
 	}
 	return table(c.stdout, "RUN\tSTATE\tSTEP\tDEADLINE B\tCREATED", rows)
@@ -185,14 +185,14 @@ func (c *cli) printRun(r *v1.Run) error {
 	d := r.GetDeadline()
 	rows := [][]string{
 		{"run", r.GetRunId()},
-		{"state", enumtext.Name(r.GetState())},
+		{"state", apifacts.EnumName(r.GetState())},
 	}
 	if r.GetDeadlineMissed() {
 		rows = append(rows, []string{"DEADLINE MISSED", describeMissed(r)})
 	}
 	rows = append(rows, [][]string{
 		{"trainer ranks", strconv.Itoa(int(r.GetSpec().GetTrainerWorldSize()))},
-		{"recovery level", enumtext.Lower(r.GetSpec().GetRolloutRecovery().GetTargetLevel())},
+		{"recovery level", apifacts.EnumLower(r.GetSpec().GetRolloutRecovery().GetTargetLevel())},
 		{"created", stamp(r.GetCreatedAt())},
 		{"started at", stamp(r.GetSpec().GetStartedAt())},
 		{"deadline", describeDeadline(r, now)},

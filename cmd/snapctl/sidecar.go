@@ -18,7 +18,7 @@ import (
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 	"github.com/snapcoord/snapcoord/client"
 	"github.com/snapcoord/snapcoord/cmd/internal/durations"
-	"github.com/snapcoord/snapcoord/enumtext"
+	"github.com/snapcoord/snapcoord/internal/apifacts"
 )
 
 // sidecarConfig is `snapctl sidecar`'s flags.
@@ -330,7 +330,7 @@ func orderOf(cmd *v1.Command, now time.Time, hookTimeout time.Duration) (snapsho
 		return o, true
 	}
 	if sn := cmd.GetSnapshot(); sn != nil {
-		o := snapshotOrder{id: sn.GetSnapshotId(), reason: enumtext.Lower(sn.GetReason()),
+		o := snapshotOrder{id: sn.GetSnapshotId(), reason: apifacts.EnumLower(sn.GetReason()),
 			anchorStep: sn.GetAnchorStep(), forced: sn.GetForced()}
 		if hookTimeout > 0 {
 			o.mustFinishBy = now.Add(hookTimeout)
@@ -348,7 +348,7 @@ func (s *sidecar) snapshot(ctx context.Context, o snapshotOrder) {
 	s.log.Info("snapshot", "snapshot_id", o.id, "reason", o.reason, "anchor_step", o.anchorStep, "forced", o.forced)
 	res := hook{cmdline: s.cfg.onSnapshot, env: append(s.hookEnv(), snapshotEnv(o)...), killAt: o.mustFinishBy,
 		stdout: s.c.stdout, stderr: s.c.stderr}.run(ctx)
-	outcome := enumtext.Name(res.outcome)
+	outcome := apifacts.EnumName(res.outcome)
 	s.log.Info("snapshot done", "snapshot_id", o.id, "outcome", outcome, "took", res.took.Round(time.Millisecond), "message", res.message)
 	switch {
 	case errors.Is(context.Cause(ctx), errRunStopped):

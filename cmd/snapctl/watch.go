@@ -8,7 +8,7 @@ import (
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 	"github.com/snapcoord/snapcoord/client"
-	"github.com/snapcoord/snapcoord/enumtext"
+	"github.com/snapcoord/snapcoord/internal/apifacts"
 )
 
 func setupRunWatch(fs *flag.FlagSet, c *cli) func(context.Context, []string) error {
@@ -64,7 +64,7 @@ func (c *cli) watchRun(ctx context.Context, runID string, fromNow bool) (*v1.Run
 // printState: "run r1 is RUNNING at step 12; B = ... (in 9 min)", so that
 // a watch says where the run stands before any event.
 func (c *cli) printState(run *v1.Run) {
-	state := enumtext.Name(run.GetState())
+	state := apifacts.EnumName(run.GetState())
 	if run.GetLastStep() != 0 {
 		state += fmt.Sprintf(" at step %d", run.GetLastStep())
 	}
@@ -143,7 +143,7 @@ func (c *cli) printMissed(run *v1.Run) {
 // runEnded reports the final state; FAILED and CANCELLED exit non-zero so
 // that a launch script can tell.
 func (c *cli) runEnded(run *v1.Run) error {
-	state := enumtext.Name(run.GetState())
+	state := apifacts.EnumName(run.GetState())
 	if c.output != "json" {
 		fmt.Fprintf(c.stdout, "run %s ended %s at %s\n", run.GetRunId(), state, stamp(run.GetEndedAt()))
 		c.printMissed(run)

@@ -14,7 +14,7 @@
 // Authentication is one go-grpc-middleware auth interceptor behind a
 // selector that matches full method names from a table. The API's methods
 // get the credential their proto declares (the rpc option's credential,
-// read through package rpcfacts); a method that declares none, or one the
+// read through package internal/apifacts); a method that declares none, or one the
 // table does not know, gets the admin rule: nothing is open by accident.
 package auth
 
@@ -39,7 +39,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
-	"github.com/snapcoord/snapcoord/rpcfacts"
+	"github.com/snapcoord/snapcoord/internal/apifacts"
 )
 
 // Access is what a method asks of its caller.
@@ -114,7 +114,7 @@ func New(opts Options) (*Authenticator, error) {
 	if err := a.SetViewerTokens(opts.ViewerTokens); err != nil {
 		return nil, err
 	}
-	for _, m := range rpcfacts.All() {
+	for _, m := range apifacts.Methods() {
 		a.methods[m.FullMethod] = declaredAccess(m.Facts.GetCredential())
 	}
 	a.set(Open, &healthpb.Health_ServiceDesc)

@@ -12,7 +12,7 @@ import (
 	"github.com/snapcoord/snapcoord/server/deadline"
 )
 
-func (e *Engine) reportCheckpoint(ctx context.Context, req *v1.ReportCheckpointRequest) (*v1.ReportCheckpointResponse, error) {
+func (e *Engine) ReportCheckpoint(ctx context.Context, req *v1.ReportCheckpointRequest) (*v1.ReportCheckpointResponse, error) {
 	var state v1.RunState
 	err := e.mutate(ctx, req.RunId, func(m *mut) error {
 		w, err := m.r.worker(req.WorkerId, req.Incarnation, v1.WorkerRole_WORKER_ROLE_TRAINER, "ReportCheckpoint")

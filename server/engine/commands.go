@@ -96,7 +96,11 @@ func (c *cursor) delivered(ctx context.Context, cmds []*v1.Command) {
 	}
 }
 
-func (e *Engine) streamCommands(ctx context.Context, req *v1.StreamCommandsRequest, send func(*v1.Command) error) error {
+// StreamCommands calls send for each command for the worker's role after
+// req.after_seq, then for new ones, until a Stop was sent, the worker
+// re-registers (ErrFailedPrecondition), or ctx ends. An after_seq past the
+// run's last command is ErrOutOfRange, here and in PollCommands.
+func (e *Engine) StreamCommands(ctx context.Context, req *v1.StreamCommandsRequest, send func(*v1.Command) error) error {
 	c, err := e.openCursor(req.RunId, req.WorkerId, req.Incarnation)
 	if err != nil {
 		return err
@@ -148,7 +152,9 @@ func (e *Engine) await(ctx context.Context, changed <-chan struct{}) error {
 	}
 }
 
-func (e *Engine) pollCommands(ctx context.Context, req *v1.PollCommandsRequest) (*v1.PollCommandsResponse, error) {
+// PollCommands returns pending commands at once, or waits up to the capped
+// wait for the first one.
+func (e *Engine) PollCommands(ctx context.Context, req *v1.PollCommandsRequest) (*v1.PollCommandsResponse, error) {
 	c, err := e.openCursor(req.RunId, req.WorkerId, req.Incarnation)
 	if err != nil {
 		return nil, err
@@ -189,7 +195,11 @@ func (e *Engine) pollCommands(ctx context.Context, req *v1.PollCommandsRequest) 
 	}
 }
 
-func (e *Engine) watchRun(ctx context.Context, req *v1.WatchRunRequest, send func(*v1.RunEvent) error) error {
+// WatchRun calls send for each event after req.after_seq until the run is
+// terminal and every event was sent, ctx ends, or (with no_follow) the
+// backlog was sent. An after_seq past the run's last event is
+// ErrOutOfRange.
+func (e *Engine) WatchRun(ctx context.Context, req *v1.WatchRunRequest, send func(*v1.RunEvent) error) error {
 	r, err := e.run(req.RunId)
 	if err != nil {
 		return err
@@ -275,7 +285,7 @@ const (
 	snapshotPageBytes = 1 << 20
 )
 
-func (e *Engine) listSnapshots(ctx context.Context, req *v1.ListSnapshotsRequest) (*v1.ListSnapshotsResponse, error) {
+func (e *Engine) ListSnapshots(ctx context.Context, req *v1.ListSnapshotsRequest) (*v1.ListSnapshotsResponse, error) {
 	after, err := decodeSnapshotToken(req.PageToken)
 	if err != nil {
 		return nil, err

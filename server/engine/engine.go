@@ -80,6 +80,12 @@ func (o *Options) setDefaults() {
 }
 
 // Engine coordinates every run of one coordinator.
+//
+// Its exported methods named after the RPCs are its whole surface. Each
+// takes the RPC's request message (already checked field by field by
+// protovalidate) and returns its response, so a gRPC handler is one call
+// plus error mapping. Every method that changes state returns only after
+// the change is durable.
 type Engine struct {
 	opts   Options
 	clk    clock.Clock

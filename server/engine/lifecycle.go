@@ -16,7 +16,7 @@ import (
 
 const defaultPageSize = 100
 
-func (e *Engine) createRun(ctx context.Context, req *v1.CreateRunRequest) (*v1.CreateRunResponse, error) {
+func (e *Engine) CreateRun(ctx context.Context, req *v1.CreateRunRequest) (*v1.CreateRunResponse, error) {
 	if err := e.usable(); err != nil {
 		return nil, err
 	}
@@ -120,11 +120,11 @@ func (e *Engine) createAgain(ctx context.Context, r *runState, spec *v1.RunSpec)
 	return resp, nil
 }
 
-// reissueRunToken gives a run that goes on in a new allocation (a requeued
+// ReissueRunToken gives a run that goes on in a new allocation (a requeued
 // Slurm job) a new token. Only a run whose deadline has not fired: a
 // deadline sequence, or a trigger still pending, was the earlier
 // allocation's, and would stop the new one at its first step.
-func (e *Engine) reissueRunToken(ctx context.Context, req *v1.ReissueRunTokenRequest) (*v1.ReissueRunTokenResponse, error) {
+func (e *Engine) ReissueRunToken(ctx context.Context, req *v1.ReissueRunTokenRequest) (*v1.ReissueRunTokenResponse, error) {
 	resp := &v1.ReissueRunTokenResponse{}
 	err := e.mutate(ctx, req.RunId, func(m *mut) error {
 		r := m.r
@@ -187,7 +187,7 @@ func (e *Engine) viewRun(ctx context.Context, runID string) (*v1.Run, error) {
 	return view, err
 }
 
-func (e *Engine) listRuns(ctx context.Context, req *v1.ListRunsRequest) (*v1.ListRunsResponse, error) {
+func (e *Engine) ListRuns(ctx context.Context, req *v1.ListRunsRequest) (*v1.ListRunsResponse, error) {
 	if err := e.usable(); err != nil {
 		return nil, err
 	}
@@ -244,7 +244,15 @@ func validRunID(s string) bool {
 	return true
 }
 
-func (e *Engine) updateDeadline(ctx context.Context, req *v1.UpdateDeadlineRequest) (*v1.Run, error) {
+func (e *Engine) GetRun(ctx context.Context, req *v1.GetRunRequest) (*v1.GetRunResponse, error) {
+	run, err := e.viewRun(ctx, req.GetRunId())
+	if err != nil {
+		return nil, err
+	}
+	return &v1.GetRunResponse{Run: run}, nil
+}
+
+func (e *Engine) UpdateDeadline(ctx context.Context, req *v1.UpdateDeadlineRequest) (*v1.UpdateDeadlineResponse, error) {
 	if req.CheckpointMustSaveBy == "" && req.MustSaveBy == nil {
 		return nil, errorf(ErrInvalidArgument, "checkpoint_must_save_by: give checkpoint_must_save_by or must_save_by")
 	}
@@ -273,10 +281,14 @@ func (e *Engine) updateDeadline(ctx context.Context, req *v1.UpdateDeadlineReque
 	if err != nil {
 		return nil, err
 	}
-	return e.viewRun(ctx, req.RunId)
+	run, err := e.viewRun(ctx, req.RunId)
+	if err != nil {
+		return nil, err
+	}
+	return &v1.UpdateDeadlineResponse{Run: run}, nil
 }
 
-func (e *Engine) triggerDeadline(ctx context.Context, req *v1.TriggerDeadlineRequest) (*v1.Run, error) {
+func (e *Engine) TriggerDeadline(ctx context.Context, req *v1.TriggerDeadlineRequest) (*v1.TriggerDeadlineResponse, error) {
 	err := e.mutate(ctx, req.RunId, func(m *mut) error {
 		r := m.r
 		reason := oneLine(req.Reason)
@@ -304,7 +316,11 @@ func (e *Engine) triggerDeadline(ctx context.Context, req *v1.TriggerDeadlineReq
 	if err != nil {
 		return nil, err
 	}
-	return e.viewRun(ctx, req.RunId)
+	run, err := e.viewRun(ctx, req.RunId)
+	if err != nil {
+		return nil, err
+	}
+	return &v1.TriggerDeadlineResponse{Run: run}, nil
 }
 
 // triggeredBy reports whether the run's deadline was triggered by hand with
@@ -319,7 +335,7 @@ func triggeredBy(r *runState, reason string) bool {
 	return r.rec.ManualFirePending || r.fired() && r.rec.Run.FireKind == v1.DeadlineFireKind_DEADLINE_FIRE_KIND_MANUAL
 }
 
-func (e *Engine) cancelRun(ctx context.Context, req *v1.CancelRunRequest) (*v1.Run, error) {
+func (e *Engine) CancelRun(ctx context.Context, req *v1.CancelRunRequest) (*v1.CancelRunResponse, error) {
 	err := e.mutate(ctx, req.RunId, func(m *mut) error {
 		r := m.r
 		if r.state() == v1.RunState_RUN_STATE_CANCELLED {
@@ -339,10 +355,14 @@ func (e *Engine) cancelRun(ctx context.Context, req *v1.CancelRunRequest) (*v1.R
 	if err != nil {
 		return nil, err
 	}
-	return e.viewRun(ctx, req.RunId)
+	run, err := e.viewRun(ctx, req.RunId)
+	if err != nil {
+		return nil, err
+	}
+	return &v1.CancelRunResponse{Run: run}, nil
 }
 
-func (e *Engine) finishRun(ctx context.Context, req *v1.FinishRunRequest) (*v1.FinishRunResponse, error) {
+func (e *Engine) FinishRun(ctx context.Context, req *v1.FinishRunRequest) (*v1.FinishRunResponse, error) {
 	var state v1.RunState
 	err := e.mutate(ctx, req.RunId, func(m *mut) error {
 		r := m.r

@@ -12,7 +12,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
-	"github.com/snapcoord/snapcoord/enumtext"
+	"github.com/snapcoord/snapcoord/internal/apifacts"
 )
 
 func snapshotNum(id string) int64 {
@@ -102,7 +102,7 @@ func (m snapshotMut) armSnapshotTimeout() {
 	})
 }
 
-func (e *Engine) reportSnapshot(ctx context.Context, req *v1.ReportSnapshotRequest) (*v1.ReportSnapshotResponse, error) {
+func (e *Engine) ReportSnapshot(ctx context.Context, req *v1.ReportSnapshotRequest) (*v1.ReportSnapshotResponse, error) {
 	var state v1.RunState
 	err := e.mutate(ctx, req.RunId, func(m *mut) error {
 		w, err := m.r.worker(req.WorkerId, req.Incarnation, v1.WorkerRole_WORKER_ROLE_ENVIRONMENT, "ReportSnapshot")
@@ -329,7 +329,7 @@ func workerStateName(w *workerState) string {
 	if w == nil {
 		return "unknown"
 	}
-	return enumtext.Lower(w.w.State)
+	return apifacts.EnumLower(w.w.State)
 }
 
 // completeSnapshot closes a snapshot and applies its outcome to the run.
@@ -482,11 +482,11 @@ func (m snapshotMut) armInterval(fresh bool) {
 }
 
 func reasonName(r v1.SnapshotReason) string {
-	return strings.ReplaceAll(enumtext.Lower(r), "_", " ")
+	return strings.ReplaceAll(apifacts.EnumLower(r), "_", " ")
 }
 
 func outcomeName(o v1.SnapshotOutcome) string {
-	return enumtext.Name(o)
+	return apifacts.EnumName(o)
 }
 
 func (m snapshotMut) putSnapshot(s *v1.Snapshot) { m.b.PutSnapshot(m.r.id, s) }

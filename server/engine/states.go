@@ -46,8 +46,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
-	"github.com/snapcoord/snapcoord/enumtext"
-	"github.com/snapcoord/snapcoord/runstate"
+	"github.com/snapcoord/snapcoord/internal/apifacts"
 )
 
 const (
@@ -142,7 +141,7 @@ func (r *runState) firedStepPublished() bool {
 
 // isTerminal: s is one of the states a run never leaves, which the API
 // declares (the (snapcoord.v1.terminal) option on RunState's values).
-func isTerminal(s v1.RunState) bool { return runstate.Terminal(s) }
+func isTerminal(s v1.RunState) bool { return apifacts.Terminal(s) }
 
 // errIllegalTransition marks a state change that no row of transitions
 // allows: an engine bug.
@@ -297,7 +296,7 @@ func (m *mut) failRun(msg string) {
 }
 
 // stateName is how the engine names a run state: RUNNING.
-func stateName(s v1.RunState) string { return enumtext.Name(s) }
+func stateName(s v1.RunState) string { return apifacts.EnumName(s) }
 
 // stateTable renders transitions as the table in this file's comment.
 func stateTable() string {

@@ -10,7 +10,7 @@ import (
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 )
 
-func (e *Engine) completeStep(ctx context.Context, req *v1.CompleteStepRequest) (*v1.CompleteStepResponse, error) {
+func (e *Engine) CompleteStep(ctx context.Context, req *v1.CompleteStepRequest) (*v1.CompleteStepResponse, error) {
 	var d *v1.Decision
 	err := e.mutate(ctx, req.RunId, func(m *mut) error {
 		w, err := m.r.worker(req.WorkerId, req.Incarnation, v1.WorkerRole_WORKER_ROLE_TRAINER, "CompleteStep")

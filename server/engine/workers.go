@@ -87,7 +87,7 @@ func (m workerMut) liveWorkers(role v1.WorkerRole) []*workerState {
 	return out
 }
 
-func (e *Engine) registerWorker(ctx context.Context, req *v1.RegisterWorkerRequest) (*v1.RegisterWorkerResponse, error) {
+func (e *Engine) RegisterWorker(ctx context.Context, req *v1.RegisterWorkerRequest) (*v1.RegisterWorkerResponse, error) {
 	resp := &v1.RegisterWorkerResponse{
 		HeartbeatInterval: durationpb.New(e.opts.HeartbeatInterval),
 		LeaseTtl:          durationpb.New(e.opts.LeaseTTL),
@@ -360,7 +360,7 @@ func (m workerMut) workerGone() {
 	}
 }
 
-func (e *Engine) heartbeat(ctx context.Context, req *v1.HeartbeatRequest) (*v1.HeartbeatResponse, error) {
+func (e *Engine) Heartbeat(ctx context.Context, req *v1.HeartbeatRequest) (*v1.HeartbeatResponse, error) {
 	resp := &v1.HeartbeatResponse{}
 	err := e.mutate(ctx, req.RunId, func(m *mut) error {
 		w, err := m.r.worker(req.WorkerId, req.Incarnation, v1.WorkerRole_WORKER_ROLE_UNSPECIFIED, "Heartbeat")
@@ -386,7 +386,7 @@ func (e *Engine) heartbeat(ctx context.Context, req *v1.HeartbeatRequest) (*v1.H
 	return resp, nil
 }
 
-func (e *Engine) deregisterWorker(ctx context.Context, req *v1.DeregisterWorkerRequest) (*v1.DeregisterWorkerResponse, error) {
+func (e *Engine) DeregisterWorker(ctx context.Context, req *v1.DeregisterWorkerRequest) (*v1.DeregisterWorkerResponse, error) {
 	err := e.mutate(ctx, req.RunId, func(m *mut) error {
 		w, err := m.r.worker(req.WorkerId, req.Incarnation, v1.WorkerRole_WORKER_ROLE_UNSPECIFIED, "DeregisterWorker")
 		if err != nil || w.w.State == v1.WorkerState_WORKER_STATE_LEFT {
@@ -401,7 +401,7 @@ func (e *Engine) deregisterWorker(ctx context.Context, req *v1.DeregisterWorkerR
 	return &v1.DeregisterWorkerResponse{}, nil
 }
 
-func (e *Engine) listWorkers(ctx context.Context, req *v1.ListWorkersRequest) (*v1.ListWorkersResponse, error) {
+func (e *Engine) ListWorkers(ctx context.Context, req *v1.ListWorkersRequest) (*v1.ListWorkersResponse, error) {
 	after, err := decodeWorkerToken(req.PageToken)
 	if err != nil {
 		return nil, err

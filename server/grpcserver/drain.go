@@ -12,7 +12,7 @@ import (
 	"google.golang.org/grpc/stats"
 	"google.golang.org/grpc/status"
 
-	"github.com/snapcoord/snapcoord/rpcfacts"
+	"github.com/snapcoord/snapcoord/internal/apifacts"
 )
 
 // errDrained marks a context cancelled by shutdown; clients never see it.
@@ -25,13 +25,13 @@ var errUnavailable = status.Error(codes.Unavailable, "server is shutting down; r
 // longPolls are the unary methods that may wait for a long time (declared
 // long_lived in the proto). Like streams, they would hold GracefulStop for
 // the whole drain timeout.
-var longPolls = rpcfacts.Set(rpcfacts.LongPoll)
+var longPolls = apifacts.Set(apifacts.LongPoll)
 
 // engineLongCalls are the long-lived RPCs the engine itself ends at
 // shutdown (Engine.EndLongCalls): the API's long_lived streams and long
 // polls. With thousands of command streams open, a cancellable context per
 // stream costs about 1 KiB each.
-var engineLongCalls = rpcfacts.Set(rpcfacts.LongLived)
+var engineLongCalls = apifacts.Set(apifacts.LongLived)
 
 // drainer ends long-lived RPCs when shutdown starts. GracefulStop waits for
 // every open RPC, and streams (WatchRun, StreamCommands, health Watch) never

@@ -46,9 +46,9 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
-	"github.com/snapcoord/snapcoord/coordinator/coordtest"
+	"github.com/snapcoord/snapcoord/internal/apifacts"
 	"github.com/snapcoord/snapcoord/internal/spectest"
-	"github.com/snapcoord/snapcoord/runstate"
+	"github.com/snapcoord/snapcoord/server/coordinator/coordtest"
 	"github.com/snapcoord/snapcoord/store"
 )
 
@@ -289,7 +289,7 @@ func (e *fuzzEnv) fixture(t *testing.T, k int) *fixture {
 	ctx := t.Context()
 	if fx := e.fixtures[k]; fx != nil {
 		resp, err := e.runs.GetRun(ctx, &v1.GetRunRequest{RunId: fx.id})
-		if err == nil && resp.Run.FiredAt == nil && !runstate.Terminal(resp.Run.State) {
+		if err == nil && resp.Run.FiredAt == nil && !apifacts.Terminal(resp.Run.State) {
 			return fx
 		}
 	}

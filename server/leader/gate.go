@@ -1,4 +1,6 @@
-// Package leader is the follower gate of a coordinator group on one store:
+// Package leader is high availability for a coordinator group on one
+// store (the etcd store, store/etcdstore): the election of the leader and
+// its terms (election.go, leasehold.go), and the follower gate (gate.go):
 // only the coordinator that leads serves RunService and WorkerService, each
 // call with the engine of the term it arrived in. A leader deposed before
 // it noticed may still let calls in, but commits nothing: the store fences
@@ -15,7 +17,7 @@ import (
 	"google.golang.org/grpc"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
-	"github.com/snapcoord/snapcoord/rpcfacts"
+	"github.com/snapcoord/snapcoord/internal/apifacts"
 	"github.com/snapcoord/snapcoord/server/engine"
 	"github.com/snapcoord/snapcoord/server/transport"
 	"github.com/snapcoord/snapcoord/store"
@@ -240,7 +242,7 @@ func (g *Gate) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 }
 
 // readOnly are the RPCs that change nothing the coordinator keeps.
-var readOnly = rpcfacts.Set(rpcfacts.ReadOnly)
+var readOnly = apifacts.Set(apifacts.ReadOnly)
 
 // withheld answers a call whose term could not be confirmed once its
 // handler was done. A change the handler made was committed through the

@@ -25,7 +25,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
-	"github.com/snapcoord/snapcoord/enumtext"
+	"github.com/snapcoord/snapcoord/internal/apifacts"
 	"github.com/snapcoord/snapcoord/server/engine"
 )
 
@@ -267,7 +267,7 @@ const timeLayout = "2006-01-02 15:04:05 UTC"
 func summarize(run *v1.Run, now time.Time) runSummary {
 	d := run.GetDeadline()
 	s := runSummary{
-		ID: run.GetRunId(), State: enumtext.Lower(run.GetState()), LastStep: run.GetLastStep(),
+		ID: run.GetRunId(), State: apifacts.EnumLower(run.GetState()), LastStep: run.GetLastStep(),
 		Failure: run.GetFailureMessage(),
 		I:       seconds(d.GetIterationSeconds()), C: seconds(d.GetCheckpointSeconds()),
 		R: seconds(d.GetSaveReserveSeconds()), M: seconds(d.GetMarginSeconds()),

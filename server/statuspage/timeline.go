@@ -12,8 +12,8 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
-	"github.com/snapcoord/snapcoord/enumtext"
-	"github.com/snapcoord/snapcoord/paging"
+	"github.com/snapcoord/snapcoord/internal/apifacts"
+	"github.com/snapcoord/snapcoord/internal/paging"
 )
 
 // Bounds on what one page draws, so a run of many days stays one quick
@@ -297,10 +297,10 @@ func (tl *timeline) drawSnapshots(v *timelineView, s span, now time.Time) {
 		dur := "in flight"
 		if sn.GetCompletedAt() != nil {
 			to = sn.GetCompletedAt().AsTime()
-			outcome = enumtext.Lower(sn.GetOutcome())
+			outcome = apifacts.EnumLower(sn.GetOutcome())
 			dur = seconds(sn.GetDurationSeconds())
 		}
-		reason := enumtext.Lower(sn.GetReason())
+		reason := apifacts.EnumLower(sn.GetReason())
 		x := s.x(from)
 		v.Snapshots = append(v.Snapshots, bar{X: x, Y: snapY, W: math.Max(2, s.x(to)-x), H: 22, TextY: snapY + 36,
 			Class: "snapshot " + cssName(outcome) + " reason-" + cssName(reason),
@@ -316,9 +316,9 @@ func (tl *timeline) drawSnapshots(v *timelineView, s span, now time.Time) {
 	}
 	for _, sn := range slices.Backward(tl.snapshots[max(0, len(tl.snapshots)-tableRows):]) {
 		row := snapshotRow{ID: sn.GetSnapshotId(), Anchor: sn.GetAnchorStep(), Issued: sn.GetIssuedAt().AsTime().UTC().Format(timeLayout),
-			Reason: enumtext.Lower(sn.GetReason()), Outcome: "in flight", Duration: "-"}
+			Reason: apifacts.EnumLower(sn.GetReason()), Outcome: "in flight", Duration: "-"}
 		if sn.GetCompletedAt() != nil {
-			row.Outcome = enumtext.Lower(sn.GetOutcome())
+			row.Outcome = apifacts.EnumLower(sn.GetOutcome())
 			row.Duration = seconds(sn.GetDurationSeconds())
 		}
 		// The style sheet selects "io-error", the enum's text is "io_error".
@@ -374,5 +374,5 @@ func ticks(s span) []label {
 }
 
 func actionName(a v1.StepAction) string {
-	return strings.ReplaceAll(enumtext.Lower(a), "_", "-")
+	return strings.ReplaceAll(apifacts.EnumLower(a), "_", "-")
 }

@@ -8,8 +8,8 @@ import (
 	"time"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
-	"github.com/snapcoord/snapcoord/enumtext"
-	"github.com/snapcoord/snapcoord/paging"
+	"github.com/snapcoord/snapcoord/internal/apifacts"
+	"github.com/snapcoord/snapcoord/internal/paging"
 )
 
 // Bounds on the workers table: a run's workers are bounded by
@@ -78,7 +78,7 @@ func (tl *timeline) workerRows(now time.Time, leaseTTL time.Duration) []workerRo
 }
 
 func (v workerView) row(w *v1.Worker) workerRow {
-	r := workerRow{Name: w.GetName(), State: enumtext.Lower(w.GetState()), Class: "worker"}
+	r := workerRow{Name: w.GetName(), State: apifacts.EnumLower(w.GetState()), Class: "worker"}
 	r.StateClass = "worker-" + r.State
 	r.Heartbeat, r.HeartbeatTitle = v.heartbeat(w)
 	if silent := v.silence(w); silent != "" {
@@ -97,7 +97,7 @@ func (v workerView) row(w *v1.Worker) workerRow {
 	r.Outcomes = v.outcomes[w.GetWorkerId()]
 	r.Progress = "no report yet"
 	if rep := v.reports[w.GetWorkerId()]; rep != nil {
-		outcome := enumtext.Lower(rep.GetOutcome())
+		outcome := apifacts.EnumLower(rep.GetOutcome())
 		r.Progress = fmt.Sprintf("%s %s ago (took %s)", outcome, human(v.now.Sub(rep.GetReportedAt().AsTime())), seconds(rep.GetDurationSeconds()))
 		r.ProgressClass = cssName(outcome)
 	}
@@ -190,10 +190,10 @@ func (tl *timeline) outcomesByWorker(now time.Time) (map[string][]outcomeCell, m
 // cellOf is one worker's part of a snapshot: its report's outcome, in
 // flight, or "no report" once the snapshot ended without one.
 func cellOf(sn *v1.Snapshot, rep *v1.SnapshotReport, now time.Time) outcomeCell {
-	head := fmt.Sprintf("%s (%s, anchor step %d)", sn.GetSnapshotId(), enumtext.Lower(sn.GetReason()), sn.GetAnchorStep())
+	head := fmt.Sprintf("%s (%s, anchor step %d)", sn.GetSnapshotId(), apifacts.EnumLower(sn.GetReason()), sn.GetAnchorStep())
 	switch {
 	case rep != nil:
-		outcome := enumtext.Lower(rep.GetOutcome())
+		outcome := apifacts.EnumLower(rep.GetOutcome())
 		title := fmt.Sprintf("%s: %s in %s", head, outcome, seconds(rep.GetDurationSeconds()))
 		if m := strings.TrimSpace(rep.GetMessage()); m != "" {
 			title += ": " + m
@@ -202,6 +202,6 @@ func cellOf(sn *v1.Snapshot, rep *v1.SnapshotReport, now time.Time) outcomeCell 
 	case sn.GetCompletedAt() == nil:
 		return outcomeCell{Class: "cell in-flight", Title: fmt.Sprintf("%s: in flight for %s", head, human(now.Sub(sn.GetIssuedAt().AsTime())))}
 	default:
-		return outcomeCell{Class: "cell no-report", Title: head + ": no report (the snapshot ended " + enumtext.Lower(sn.GetOutcome()) + ")"}
+		return outcomeCell{Class: "cell no-report", Title: head + ": no report (the snapshot ended " + apifacts.EnumLower(sn.GetOutcome()) + ")"}
 	}
 }

@@ -10,7 +10,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 
-	"github.com/snapcoord/snapcoord/rpcfacts"
+	"github.com/snapcoord/snapcoord/internal/apifacts"
 )
 
 // RPC log fields beyond go-grpc-middleware's own (grpc.service,
@@ -32,7 +32,7 @@ func slogLogger(l *slog.Logger) logging.Logger {
 // routine in the proto). Their successful lines go to debug: with thousands
 // of workers they would bury everything else at info (and cost more CPU than
 // the calls themselves); their failures keep their level.
-var routineMethods = rpcfacts.Set(rpcfacts.Routine)
+var routineMethods = apifacts.Set(apifacts.Routine)
 
 // loggingOptions log one line per finished RPC. Payloads are never logged
 // (a CreateRun response carries the run token), and neither is metadata

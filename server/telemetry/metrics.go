@@ -17,7 +17,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/resource"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
-	"github.com/snapcoord/snapcoord/enumtext"
+	"github.com/snapcoord/snapcoord/internal/apifacts"
 	"github.com/snapcoord/snapcoord/server/engine"
 )
 
@@ -189,15 +189,15 @@ func (m *metrics) observeStats(stats func() engine.Stats) (metric.Registration, 
 		s := stats()
 		for _, st := range enumValues(v1.RunState_name) {
 			state := v1.RunState(st)
-			o.ObserveInt64(m.runs, int64(s.Runs[state]), metric.WithAttributes(attribute.String("state", enumtext.Lower(state))))
+			o.ObserveInt64(m.runs, int64(s.Runs[state]), metric.WithAttributes(attribute.String("state", apifacts.EnumLower(state))))
 		}
 		for _, ro := range enumValues(v1.WorkerRole_name) {
 			role := v1.WorkerRole(ro)
 			for _, ws := range enumValues(v1.WorkerState_name) {
 				state := v1.WorkerState(ws)
 				o.ObserveInt64(m.workers, int64(s.Workers[role][state]), metric.WithAttributes(
-					attribute.String("role", enumtext.Lower(role)),
-					attribute.String("state", enumtext.Lower(state))))
+					attribute.String("role", apifacts.EnumLower(role)),
+					attribute.String("state", apifacts.EnumLower(state))))
 			}
 		}
 		return nil
@@ -253,11 +253,11 @@ func (c *attrSets) add(k attrKey) metric.MeasurementOption {
 }
 
 func (m *metrics) decision(a v1.StepAction) {
-	m.decisions.Add(context.Background(), 1, m.attrs.get(attrKey{k1: "action", v1: enumtext.Lower(a)}))
+	m.decisions.Add(context.Background(), 1, m.attrs.get(attrKey{k1: "action", v1: apifacts.EnumLower(a)}))
 }
 
 func (m *metrics) deadlineFired(k v1.DeadlineFireKind) {
-	m.deadlineFires.Add(context.Background(), 1, m.attrs.get(attrKey{k1: "kind", v1: enumtext.Lower(k)}))
+	m.deadlineFires.Add(context.Background(), 1, m.attrs.get(attrKey{k1: "kind", v1: apifacts.EnumLower(k)}))
 }
 
 func (m *metrics) deadlineMissedBy(cause engine.MissCause) {
@@ -274,8 +274,8 @@ func (m *metrics) commandDelivered(kind string, latency time.Duration) {
 
 func (m *metrics) snapshotCompleted(reason v1.SnapshotReason, outcome v1.SnapshotOutcome, seconds float64) {
 	m.snapshotDuration.Record(context.Background(), seconds, m.attrs.get(attrKey{
-		k1: "reason", v1: enumtext.Lower(reason),
-		k2: "outcome", v2: enumtext.Lower(outcome)}))
+		k1: "reason", v1: apifacts.EnumLower(reason),
+		k2: "outcome", v2: apifacts.EnumLower(outcome)}))
 }
 
 func (m *metrics) checkpointSaved(seconds float64) {

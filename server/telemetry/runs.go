@@ -10,7 +10,7 @@ import (
 
 	"github.com/snapcoord/snapcoord/server/engine"
 
-	"github.com/snapcoord/snapcoord/enumtext"
+	"github.com/snapcoord/snapcoord/internal/apifacts"
 )
 
 // Per-run gauges, labelled run_id. They are observed at each scrape from the
@@ -112,7 +112,7 @@ func (t *Telemetry) ObserveLive(v LiveView) error {
 func (g *runGauges) observeRun(o metric.Observer, now time.Time, lr engine.LiveRun) {
 	run := lr.Run
 	id := metric.WithAttributes(attribute.String("run_id", run.GetRunId()))
-	o.ObserveInt64(g.state, 1, metric.WithAttributes(attribute.String("run_id", run.GetRunId()), attribute.String("state", enumtext.Lower(run.GetState()))))
+	o.ObserveInt64(g.state, 1, metric.WithAttributes(attribute.String("run_id", run.GetRunId()), attribute.String("state", apifacts.EnumLower(run.GetState()))))
 	o.ObserveInt64(g.snapshotFails, int64(lr.SnapshotFailuresInARow), id)
 	d := run.GetDeadline()
 	o.ObserveFloat64(g.iteration, d.GetIterationSeconds(), id)

@@ -11,7 +11,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/snapcoord/snapcoord/rpcfacts"
+	"github.com/snapcoord/snapcoord/internal/apifacts"
 	"github.com/snapcoord/snapcoord/server/engine"
 )
 
@@ -120,7 +120,7 @@ const answerMarginMax = time.Second
 
 // longCalls are the unary RPCs that wait by design (long polls): they are
 // meant to use their whole deadline.
-var longCalls = rpcfacts.Set(rpcfacts.LongPoll)
+var longCalls = apifacts.Set(apifacts.LongPoll)
 
 // answerInTime ends a unary call's work a tenth of its time (at most
 // answerMarginMax) before the caller's deadline, so that the caller hears

@@ -3,7 +3,7 @@
 Which calls are safe to retry is not written here: the API declares it, in
 the ``(snapcoord.v1.rpc)`` option of each RPC (proto/snapcoord/v1), and
 ``RETRIED_METHODS`` is read from the generated descriptors, as the Go client
-reads its list (package rpcfacts). ``client/retry_python_test.go`` checks
+reads its list (package internal/apifacts). ``client/retry_python_test.go`` checks
 that both read the same methods.
 """
 

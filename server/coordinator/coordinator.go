@@ -1,6 +1,6 @@
 // Package coordinator assembles the whole snapcoord coordinator from one
 // Config: telemetry, the store and the engine (a bbolt file, or etcd with
-// a leader election and an engine per term led, see election.go), the
+// a leader election and an engine per term led, see leader.Election), the
 // follower gate, authentication, the gRPC server with its full interceptor
 // chain, the metrics and status page listener, and the background loops
 // (health watch, credential reload, election).

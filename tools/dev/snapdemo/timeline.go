@@ -7,7 +7,7 @@ import (
 	"time"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
-	"github.com/snapcoord/snapcoord/enumtext"
+	"github.com/snapcoord/snapcoord/internal/apifacts"
 )
 
 // timeline prints one line per happening, timed from the run's start.
@@ -50,7 +50,7 @@ func (t *timeline) event(ev *v1.RunEvent) error {
 // decision: "step 7   CONTINUE        I 2.0 + C 0.8 + R 1.1 + M 1.0 s; a step ending after +33.2s saves".
 func (t *timeline) decision(d *v1.Decision) string {
 	in := d.GetInputs()
-	action := enumtext.Name(d.GetAction())
+	action := apifacts.EnumName(d.GetAction())
 	s := fmt.Sprintf("step %-3d %-13s I %.1f + C %.1f + R %.1f + M %.1f s", d.GetStep(), action,
 		in.GetIterationSeconds(), in.GetCheckpointSeconds(), in.GetSaveReserveSeconds(), in.GetMarginSeconds())
 	if f := in.GetFiresAt(); f != nil && d.GetAction() == v1.StepAction_STEP_ACTION_CONTINUE {

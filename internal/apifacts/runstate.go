@@ -1,9 +1,10 @@
-// Package runstate reads what the API declares about run states: which of
+// What the API declares about run states: which of
 // them are terminal, from the (snapcoord.v1.terminal) option on RunState's
 // values (proto/snapcoord/v1/run.proto). The engine and the Go client ask
 // here; the Python client reads the same option from its descriptors, so
 // the set is written once.
-package runstate
+
+package apifacts
 
 import (
 	"google.golang.org/protobuf/proto"
@@ -12,9 +13,9 @@ import (
 )
 
 // terminal is indexed by state number.
-var terminal = load()
+var terminal = loadTerminal()
 
-func load() []bool {
+func loadTerminal() []bool {
 	values := v1.RunState(0).Descriptor().Values()
 	out := make([]bool, 0, values.Len())
 	for i := range values.Len() {

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/snapcoord/snapcoord/coordinator"
+	"github.com/snapcoord/snapcoord/server/coordinator"
 )
 
 // Config is coordinator.Defaults() for a test: a free loopback port, the

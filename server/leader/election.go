@@ -1,21 +1,20 @@
-package coordinator
+package leader
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
-	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
-	"go.uber.org/zap"
 
-	"github.com/snapcoord/snapcoord/server/leader"
+	"github.com/snapcoord/snapcoord/server/engine"
+	"github.com/snapcoord/snapcoord/store"
 	"github.com/snapcoord/snapcoord/store/etcdstore"
 )
 
@@ -39,57 +38,47 @@ const (
 	termCheckInterval = 50 * time.Millisecond
 )
 
-// electionKey is the election's prefix under the store's.
-func (c EtcdConfig) electionKey() string { return c.Prefix + "/leader" }
-
-// tlsConfig is the client TLS of CAFile, CertFile and KeyFile; nil when
-// none is set (plaintext).
-func (c EtcdConfig) tlsConfig() (*tls.Config, error) {
-	if c.CAFile == "" && c.CertFile == "" {
-		return nil, nil
-	}
-	info := transport.TLSInfo{TrustedCAFile: c.CAFile, CertFile: c.CertFile, KeyFile: c.KeyFile}
-	cfg, err := info.ClientConfig()
-	if err != nil {
-		return nil, fmt.Errorf("etcd TLS: %w", err)
-	}
-	return cfg, nil
+// Election is this coordinator's part in the election of its group's
+// leader. Its terms won open the gate (Gate.Lead); the leader it observes
+// the gate names to the clients (Gate.Follow).
+type Election struct {
+	Etcd *clientv3.Client
+	// Prefix is the store's prefix: the election is under Prefix/leader,
+	// the leaders' status pages under Prefix/pages/.
+	Prefix string
+	// Endpoints are etcd's, named in the error of a grant not answered.
+	Endpoints []string
+	// TTL is the election lease's, in whole seconds.
+	TTL  time.Duration
+	Gate *Gate
+	Log  *slog.Logger
+	// Page is this coordinator's status page URL, published under its
+	// election lease; "" when it serves none others can reach.
+	Page string
+	// LeaderPage is told the status page URL the leader published ("": it
+	// published none), nil when no leader is known.
+	LeaderPage func(page *string)
+	// Load builds a term's engine over the store fenced by its election
+	// key, loading every run as a restart does.
+	Load func(ctx context.Context, st store.Store) (*engine.Engine, error)
+	// OnCommit is the etcd store's commit hook (etcdstore.Options).
+	OnCommit func(batches int, d time.Duration)
 }
 
-// connectEtcd makes the etcd client. It does not wait for etcd: the
-// election retries until it is reachable.
-func (c *Coordinator) connectEtcd() error {
-	tlsCfg, err := c.cfg.Etcd.tlsConfig()
-	if err != nil {
-		return err
-	}
-	cli, err := clientv3.New(clientv3.Config{
-		Endpoints: c.cfg.Etcd.Endpoints,
-		TLS:       tlsCfg,
-		// A dead member is noticed well within an election TTL.
-		DialKeepAliveTime:    time.Second,
-		DialKeepAliveTimeout: time.Second,
-		Logger:               zap.NewNop(),
-	})
-	if err != nil {
-		return fmt.Errorf("etcd client: %w", err)
-	}
-	c.etcd = cli
-	c.defer_(func() { _ = cli.Close() })
-	return nil
-}
+// key is the election's prefix under the store's.
+func (e *Election) key() string { return e.Prefix + "/leader" }
 
-// startElection campaigns, in the background until release, for the
-// leadership of the group, serving each term won; self is the address the
-// others name as the leader's meanwhile.
-func (c *Coordinator) startElection(self string) {
+// Start campaigns, in the background until stop, for the leadership of
+// the group, serving each term won; self is the address the others name as
+// the leader's meanwhile.
+func (e *Election) Start(self string) (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		for ctx.Err() == nil {
-			if err := c.campaign(ctx, self); err != nil && ctx.Err() == nil {
-				c.log.Warn("election: campaign failed; retrying", "err", err)
+			if err := e.campaign(ctx, self); err != nil && ctx.Err() == nil {
+				e.Log.Warn("election: campaign failed; retrying", "err", err)
 				select {
 				case <-ctx.Done():
 				case <-time.After(campaignRetry):
@@ -97,27 +86,27 @@ func (c *Coordinator) startElection(self string) {
 			}
 		}
 	}()
-	c.defer_(func() {
+	return func() {
 		cancel()
 		select {
 		case <-done:
-		case <-time.After(c.cfg.ElectionTTL):
+		case <-time.After(e.TTL):
 			// A campaign cut short resigns with the client's own context
 			// (concurrency.Election.Campaign), and a term's end may wait
 			// on etcd too: with etcd unreachable only closing the client
 			// ends them. (Its own release, later, closes it again.)
-			_ = c.etcd.Close()
+			_ = e.Etcd.Close()
 			<-done
 		}
-	})
+	}
 }
 
 // campaign is one election session: it follows until it wins, then leads
 // until the term ends. Closing the session revokes its lease, so that a
 // coordinator stepping down (or shutting down) hands over at once.
-func (c *Coordinator) campaign(ctx context.Context, self string) error {
-	hold := newLeaseHold(c.etcd, c.cfg.ElectionTTL)
-	lease, err := c.grantLease(ctx, hold)
+func (e *Election) campaign(ctx context.Context, self string) error {
+	hold := newLeaseHold(e.Etcd, e.TTL)
+	lease, err := e.grantLease(ctx, hold)
 	if err != nil {
 		return err
 	}
@@ -125,8 +114,8 @@ func (c *Coordinator) campaign(ctx context.Context, self string) error {
 	// lease, which it gives the TTL at most.
 	sessCtx, endSess := context.WithCancel(context.WithoutCancel(ctx))
 	defer endSess()
-	sess, err := concurrency.NewSession(c.etcd, concurrency.WithLease(lease),
-		concurrency.WithTTL(int(c.cfg.ElectionTTL/time.Second)), concurrency.WithContext(sessCtx))
+	sess, err := concurrency.NewSession(e.Etcd, concurrency.WithLease(lease),
+		concurrency.WithTTL(int(e.TTL/time.Second)), concurrency.WithContext(sessCtx))
 	if err != nil {
 		return fmt.Errorf("election session: %w", err)
 	}
@@ -147,7 +136,7 @@ func (c *Coordinator) campaign(ctx context.Context, self string) error {
 			// then, and once quorum is back the lease lives on. Asked
 			// directly, a lease still alive keeps the term (hold renews
 			// it from now on), rather than a failover after the outage.
-			if !c.sessionOutlived(live, hold) {
+			if !e.sessionOutlived(live, hold) {
 				stop(errLeaseLost)
 			}
 		case <-live.Done():
@@ -155,26 +144,26 @@ func (c *Coordinator) campaign(ctx context.Context, self string) error {
 	})
 	hold.lease, hold.lost = lease, func() { stop(errLeaseLost) }
 	wg.Go(func() { hold.keep(live) })
-	if err := c.publishPage(live, lease); err != nil {
+	if err := e.publishPage(live, lease); err != nil {
 		return err
 	}
-	el := concurrency.NewElection(sess, c.cfg.Etcd.electionKey())
-	wg.Go(func() { c.observe(live) })
+	el := concurrency.NewElection(sess, e.key())
+	wg.Go(func() { e.observe(live) })
 	if err := el.Campaign(live, self); err != nil {
 		return fmt.Errorf("campaign: %w", err)
 	}
-	return c.lead(live, el, self, hold)
+	return e.lead(live, el, self, hold)
 }
 
 // sessionOutlived reports whether the election lease is alive after its
 // session's keep-alive ended, asking etcd for up to a TTL.
-func (c *Coordinator) sessionOutlived(ctx context.Context, hold *leaseHold) bool {
-	ctx, cancel := context.WithTimeout(ctx, c.cfg.ElectionTTL)
+func (e *Election) sessionOutlived(ctx context.Context, hold *leaseHold) bool {
+	ctx, cancel := context.WithTimeout(ctx, e.TTL)
 	defer cancel()
 	if !hold.Confirm(ctx) {
 		return false
 	}
-	c.log.Info("election session: the etcd client gave up renewing the lease, which lives; renewing it directly")
+	e.Log.Info("election session: the etcd client gave up renewing the lease, which lives; renewing it directly")
 	return true
 }
 
@@ -183,15 +172,15 @@ func (c *Coordinator) sessionOutlived(ctx context.Context, hold *leaseHold) bool
 // grant must end at shutdown and give up on an etcd it cannot reach (or
 // that refuses its certificate), so that the failure is logged instead of
 // waited for silently.
-func (c *Coordinator) grantLease(ctx context.Context, hold *leaseHold) (clientv3.LeaseID, error) {
+func (e *Election) grantLease(ctx context.Context, hold *leaseHold) (clientv3.LeaseID, error) {
 	ctx, cancel := context.WithTimeout(ctx, leaseGrantTimeout)
 	defer cancel()
 	sent := time.Now()
-	lease, err := c.etcd.Grant(ctx, int64(c.cfg.ElectionTTL/time.Second))
+	lease, err := e.Etcd.Grant(ctx, int64(e.TTL/time.Second))
 	if errors.Is(err, context.DeadlineExceeded) {
 		// The client retries silently: say what usually causes it.
 		return 0, fmt.Errorf("election lease: no answer from etcd at %s within %v (unreachable, or refusing this coordinator's TLS settings): %w",
-			strings.Join(c.cfg.Etcd.Endpoints, ","), leaseGrantTimeout, err)
+			strings.Join(e.Endpoints, ","), leaseGrantTimeout, err)
 	}
 	if err != nil {
 		return 0, fmt.Errorf("election lease: %w", err)
@@ -206,11 +195,11 @@ func (c *Coordinator) grantLease(ctx context.Context, hold *leaseHold) (clientv3
 // between one leader's key vanishing and the next one's appearing, which
 // etcd's Election.Observe leaves unsaid (followers would name a dead
 // leader through the whole election).
-func (c *Coordinator) observe(ctx context.Context) {
-	prefix := c.cfg.Etcd.electionKey() + "/"
+func (e *Election) observe(ctx context.Context) {
+	prefix := e.key() + "/"
 	seen := int64(-1) // the leader key's creation revision; 0: none
 	for ctx.Err() == nil {
-		resp, err := c.etcd.Get(ctx, prefix, clientv3.WithFirstCreate()...)
+		resp, err := e.Etcd.Get(ctx, prefix, clientv3.WithFirstCreate()...)
 		if err != nil {
 			select {
 			case <-ctx.Done():
@@ -224,19 +213,19 @@ func (c *Coordinator) observe(ctx context.Context) {
 		}
 		// Another candidate's key changes nothing.
 		if rev := first.GetCreateRevision(); rev != seen {
-			c.follow(ctx, first)
+			e.follow(ctx, first)
 			seen = rev
 		}
-		c.awaitChange(ctx, prefix, resp.Header.Revision+1)
+		e.awaitChange(ctx, prefix, resp.Header.Revision+1)
 	}
 }
 
 // awaitChange returns at the first change under prefix from revision rev
 // on (or when the watch fails or ctx ends).
-func (c *Coordinator) awaitChange(ctx context.Context, prefix string, rev int64) {
+func (e *Election) awaitChange(ctx context.Context, prefix string, rev int64) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	for wr := range c.etcd.Watch(ctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(rev)) {
+	for wr := range e.Etcd.Watch(ctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(rev)) {
 		if wr.Err() != nil || len(wr.Events) > 0 {
 			return
 		}
@@ -244,37 +233,36 @@ func (c *Coordinator) awaitChange(ctx context.Context, prefix string, rev int64)
 }
 
 // follow records the leader named by its election key kv (nil: none).
-func (c *Coordinator) follow(ctx context.Context, kv *mvccpb.KeyValue) {
+func (e *Election) follow(ctx context.Context, kv *mvccpb.KeyValue) {
 	if kv == nil {
-		c.gate.Follow("")
-		c.leaderPage.Store(nil)
-		c.log.Info("no leader: electing one")
+		e.Gate.Follow("")
+		e.LeaderPage(nil)
+		e.Log.Info("no leader: electing one")
 		return
 	}
 	addr, page := string(kv.Value), ""
-	if resp, err := c.etcd.Get(ctx, c.cfg.Etcd.pageKey(clientv3.LeaseID(kv.Lease))); err == nil && len(resp.Kvs) > 0 {
+	if resp, err := e.Etcd.Get(ctx, e.pageKey(clientv3.LeaseID(kv.Lease))); err == nil && len(resp.Kvs) > 0 {
 		page = string(resp.Kvs[0].Value)
 	}
-	c.gate.Follow(addr)
-	c.leaderPage.Store(&page)
-	c.log.Info("leader observed", "leader", addr, "status_page", page)
+	e.Gate.Follow(addr)
+	e.LeaderPage(&page)
+	e.Log.Info("leader observed", "leader", addr, "status_page", page)
 }
 
 // pageKey is where the coordinator of an election lease publishes its
 // status page's URL, beside (not in) its election value, which older
 // coordinators read as the gRPC address alone.
-func (c EtcdConfig) pageKey(lease clientv3.LeaseID) string {
-	return fmt.Sprintf("%s/pages/%x", c.Prefix, int64(lease))
+func (e *Election) pageKey(lease clientv3.LeaseID) string {
+	return fmt.Sprintf("%s/pages/%x", e.Prefix, int64(lease))
 }
 
 // publishPage puts this coordinator's status page URL under its election
 // lease, so that it goes with the lease; nothing when it has none.
-func (c *Coordinator) publishPage(ctx context.Context, lease clientv3.LeaseID) error {
-	page := c.cfg.advertisePage(c.metricsAddr)
-	if page == "" || !c.pageOn {
+func (e *Election) publishPage(ctx context.Context, lease clientv3.LeaseID) error {
+	if e.Page == "" {
 		return nil
 	}
-	if _, err := c.etcd.Put(ctx, c.cfg.Etcd.pageKey(lease), page, clientv3.WithLease(lease)); err != nil {
+	if _, err := e.Etcd.Put(ctx, e.pageKey(lease), e.Page, clientv3.WithLease(lease)); err != nil {
 		return fmt.Errorf("publish the status page address: %w", err)
 	}
 	return nil
@@ -287,30 +275,30 @@ func (c *Coordinator) publishPage(ctx context.Context, lease clientv3.LeaseID) e
 // closes the session, which resigns). ctx ends when the session's lease is
 // lost or the coordinator shuts down; hold tells the gate whether the
 // lease still lives (see leaseHold).
-func (c *Coordinator) lead(ctx context.Context, el *concurrency.Election, self string, hold leader.Hold) error {
+func (e *Election) lead(ctx context.Context, el *concurrency.Election, self string, hold Hold) error {
 	fence := etcdstore.Fence{Key: el.Key(), Revision: el.Rev()}
-	st, err := etcdstore.Open(ctx, c.etcd, c.cfg.Etcd.Prefix, fence, etcdstore.Options{OnCommit: c.tel.OnCommit})
+	st, err := etcdstore.Open(ctx, e.Etcd, e.Prefix, fence, etcdstore.Options{OnCommit: e.OnCommit})
 	if err != nil {
 		return fmt.Errorf("open the etcd store: %w", err)
 	}
 	defer func() {
 		if err := st.Close(); err != nil {
-			c.log.Warn("closing the etcd store", "err", err)
+			e.Log.Warn("closing the etcd store", "err", err)
 		}
 	}()
-	eng, err := c.loadEngine(ctx, st)
+	eng, err := e.Load(ctx, st)
 	if err != nil {
 		return fmt.Errorf("load state from etcd: %w", err)
 	}
-	c.gate.Lead(eng, self, hold)
-	c.log.Info("leading", "addr", self, "election_key", fence.Key, "revision", fence.Revision)
-	cause := c.serveTerm(ctx, eng)
-	c.gate.StepDown()
+	e.Gate.Lead(eng, self, hold)
+	e.Log.Info("leading", "addr", self, "election_key", fence.Key, "revision", fence.Revision)
+	cause := e.serveTerm(ctx, eng)
+	e.Gate.StepDown()
 	eng.Close()
 	if errors.Is(cause, context.Canceled) {
-		c.log.Info("stepped down", "cause", "shutting down")
+		e.Log.Info("stepped down", "cause", "shutting down")
 	} else {
-		c.log.Warn("stepped down", "cause", cause)
+		e.Log.Warn("stepped down", "cause", cause)
 	}
 	return nil
 }
@@ -322,7 +310,7 @@ var errLeaseLost = errors.New("election session lost (lease expired or revoked)"
 // serveTerm waits for the end of a term and returns its cause:
 // errLeaseLost, the engine's failure (a refused commit among them), or
 // ctx's end at shutdown.
-func (c *Coordinator) serveTerm(ctx context.Context, eng interface{ Healthy() error }) error {
+func (e *Election) serveTerm(ctx context.Context, eng interface{ Healthy() error }) error {
 	tick := time.NewTicker(termCheckInterval)
 	defer tick.Stop()
 	for {

@@ -1,4 +1,4 @@
-package rpcfacts
+package apifacts
 
 import (
 	"testing"
@@ -9,7 +9,7 @@ import (
 )
 
 // TestEveryServedMethodIsRead fails when a method the server registers is
-// missing from All, so its facts would be ignored.
+// missing from Methods, so its facts would be ignored.
 func TestEveryServedMethodIsRead(t *testing.T) {
 	read := Set(func(Method) bool { return true })
 	for _, sd := range []*grpc.ServiceDesc{&v1.RunService_ServiceDesc, &v1.WorkerService_ServiceDesc} {
@@ -30,7 +30,7 @@ func TestEveryServedMethodIsRead(t *testing.T) {
 // get wrong: a credential left unspecified (it would silently need the
 // admin token), or facts that mean nothing for a stream.
 func TestFactsAreDeclaredConsistently(t *testing.T) {
-	for _, m := range All() {
+	for _, m := range Methods() {
 		if m.Facts.GetCredential() == v1.Credential_CREDENTIAL_UNSPECIFIED {
 			t.Errorf("%s: declares no credential", m.FullMethod)
 		}

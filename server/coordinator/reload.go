@@ -156,7 +156,7 @@ func (r *credentialReloader) start(tick <-chan time.Time, hup <-chan os.Signal) 
 // watch and the credential reload.
 func (c *Coordinator) startLoops() {
 	if c.eng != nil {
-		// With etcd, a term whose engine fails ends instead (see lead).
+		// With etcd, a term whose engine fails ends instead (see leader.Election).
 		ticker := time.NewTicker(healthPollInterval)
 		stopHealth := startHealthWatch(c.eng, c.srv, ticker.C)
 		c.defer_(func() {

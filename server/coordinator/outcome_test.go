@@ -12,10 +12,10 @@ import (
 	"google.golang.org/grpc/status"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
-	"github.com/snapcoord/snapcoord/coordinator/coordtest"
 	"github.com/snapcoord/snapcoord/internal/etcdtest"
 	"github.com/snapcoord/snapcoord/internal/logsink"
 	"github.com/snapcoord/snapcoord/internal/spectest"
+	"github.com/snapcoord/snapcoord/server/coordinator/coordtest"
 )
 
 // reasonOf is the snapcoord ErrorInfo reason of a call's error, or "".

@@ -1,9 +1,10 @@
-// Package enumtext is the one way the coordinator and its tools write a
+// The one way the coordinator and its tools write a
 // value of an API enum as text, and read it back: its name without the
 // enum's prefix (RUN_STATE_RUNNING is RUNNING), as it is or in lower case. The prefix is
 // read from the enum's descriptor (its zero value is PREFIX_UNSPECIFIED, as
 // buf lint requires), so no caller spells it out.
-package enumtext
+
+package apifacts
 
 import (
 	"strconv"
@@ -12,10 +13,10 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 )
 
-// Name is e's value name without the enum's prefix: RUNNING for
+// EnumName is e's value name without the enum's prefix: RUNNING for
 // RUN_STATE_RUNNING. A number the enum does not declare is written as the
 // number, as the generated String method does.
-func Name(e protoreflect.Enum) string {
+func EnumName(e protoreflect.Enum) string {
 	values := e.Descriptor().Values()
 	v := values.ByNumber(e.Number())
 	if v == nil {
@@ -32,14 +33,14 @@ func prefix(values protoreflect.EnumValueDescriptors) string {
 	return ""
 }
 
-// Lower is Name in lower case: trainer_checkpoint for
+// EnumLower is EnumName in lower case: trainer_checkpoint for
 // SNAPSHOT_REASON_TRAINER_CHECKPOINT.
-func Lower(e protoreflect.Enum) string { return strings.ToLower(Name(e)) }
+func EnumLower(e protoreflect.Enum) string { return strings.ToLower(EnumName(e)) }
 
-// Parse reads a value of E back: its short name in any case (running,
+// ParseEnum reads a value of E back: its short name in any case (running,
 // RUNNING) or its full name (RUN_STATE_RUNNING). The zero (unspecified)
 // value is not one a user may name.
-func Parse[E interface {
+func ParseEnum[E interface {
 	~int32
 	protoreflect.Enum
 }](s string) (E, bool) {

@@ -1,4 +1,4 @@
-package coordinator
+package leader
 
 import (
 	"context"
@@ -16,7 +16,7 @@ import (
 const holdMargin = 100 * time.Millisecond
 
 // leaseHold is how long this coordinator's election lease is known to
-// live (leader.Hold). etcd expires a lease its TTL after the last
+// live (Hold). etcd expires a lease its TTL after the last
 // keep-alive it processed, and it processed each after this coordinator
 // sent it: a keep-alive sent at S and answered proves the lease (and so
 // the term led with it) lives until S+TTL at least. Past that bound

@@ -1,4 +1,4 @@
-package enumtext
+package apifacts
 
 import (
 	"testing"
@@ -20,27 +20,27 @@ func TestNames(t *testing.T) {
 		{v1.WorkerRole_WORKER_ROLE_ENVIRONMENT, "ENVIRONMENT", "environment"},
 		{v1.RunState(99), "99", "99"},
 	} {
-		if got := Name(c.e); got != c.name {
-			t.Errorf("Name(%v) = %q, want %q", c.e, got, c.name)
+		if got := EnumName(c.e); got != c.name {
+			t.Errorf("EnumName(%v) = %q, want %q", c.e, got, c.name)
 		}
-		if got := Lower(c.e); got != c.lower {
-			t.Errorf("Lower(%v) = %q, want %q", c.e, got, c.lower)
+		if got := EnumLower(c.e); got != c.lower {
+			t.Errorf("EnumLower(%v) = %q, want %q", c.e, got, c.lower)
 		}
 	}
 }
 
 func TestParse(t *testing.T) {
 	for in, want := range map[string]v1.RunState{"running": v1.RunState_RUN_STATE_RUNNING, "STOPPED": v1.RunState_RUN_STATE_STOPPED, "RUN_STATE_FAILED": v1.RunState_RUN_STATE_FAILED} {
-		if got, ok := Parse[v1.RunState](in); !ok || got != want {
-			t.Errorf("Parse(%q) = %v, %v; want %v", in, got, ok, want)
+		if got, ok := ParseEnum[v1.RunState](in); !ok || got != want {
+			t.Errorf("ParseEnum(%q) = %v, %v; want %v", in, got, ok, want)
 		}
 	}
 	for _, in := range []string{"", "unspecified", "RUN_STATE_UNSPECIFIED", "run", "RUN_STATE_", "snapshot_reason_interval"} {
-		if got, ok := Parse[v1.RunState](in); ok {
-			t.Errorf("Parse(%q) = %v, want refused", in, got)
+		if got, ok := ParseEnum[v1.RunState](in); ok {
+			t.Errorf("ParseEnum(%q) = %v, want refused", in, got)
 		}
 	}
-	if got, ok := Parse[v1.TargetLevel]("prompt_group"); !ok || got != v1.TargetLevel_TARGET_LEVEL_PROMPT_GROUP {
-		t.Errorf("Parse(prompt_group) = %v, %v", got, ok)
+	if got, ok := ParseEnum[v1.TargetLevel]("prompt_group"); !ok || got != v1.TargetLevel_TARGET_LEVEL_PROMPT_GROUP {
+		t.Errorf("ParseEnum(prompt_group) = %v, %v", got, ok)
 	}
 }

@@ -1,14 +1,20 @@
-// Package rpcfacts reads what the API declares about each of its RPCs: the
-// (snapcoord.v1.rpc) method option of proto/snapcoord/v1/options.proto,
-// which says whether a call is safe to retry, long-lived, routine, and which
-// credential it needs. The server's authentication, drain and logging and
-// the Go client's retries all read these facts here (the Python client reads
-// the same option from its own descriptors), so that adding an RPC means
-// declaring its facts once, next to the RPC.
+// Package apifacts reads what the API declares in its proto, so that each
+// fact is written once, next to the RPC, state or enum it is about:
 //
-// It lives outside server/ and client/ because both use it, and outside
-// api/, which holds generated code only.
-package rpcfacts
+//   - each RPC's facts: the (snapcoord.v1.rpc) method option of
+//     proto/snapcoord/v1/options.proto, which says whether a call is safe to
+//     retry, long-lived, routine, and which credential it needs. The
+//     server's authentication, drain and logging and the Go client's retries
+//     read them here (rpc.go);
+//   - which run states are terminal: the (snapcoord.v1.terminal) option on
+//     RunState's values (runstate.go);
+//   - an enum value's text: its name without the enum's prefix, and back
+//     (enum.go).
+//
+// The Python client reads the same options from its own descriptors. The
+// package is shared by server/, client/ and cmd/, and is not public API:
+// no user calls it. It is not under api/, which holds generated code only.
+package apifacts
 
 import (
 	"google.golang.org/protobuf/proto"
@@ -32,9 +38,9 @@ type Method struct {
 
 // methods are the API's RPCs, read once from the registered descriptors:
 // every service of package snapcoord.v1, whichever file declares it.
-var methods = load()
+var methods = loadMethods()
 
-func load() []Method {
+func loadMethods() []Method {
 	var out []Method
 	protoregistry.GlobalFiles.RangeFilesByPackage("snapcoord.v1", func(f protoreflect.FileDescriptor) bool {
 		for i := range f.Services().Len() {
@@ -60,8 +66,8 @@ func method(svc protoreflect.ServiceDescriptor, m protoreflect.MethodDescriptor)
 	}
 }
 
-// All returns every RPC of the API with its facts.
-func All() []Method {
+// Methods returns every RPC of the API with its facts.
+func Methods() []Method {
 	return append([]Method(nil), methods...)
 }
 

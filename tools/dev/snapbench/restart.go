@@ -13,8 +13,8 @@ import (
 	"time"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
-	"github.com/snapcoord/snapcoord/coordinator"
 	"github.com/snapcoord/snapcoord/internal/coordproc"
+	"github.com/snapcoord/snapcoord/server/coordinator"
 )
 
 // restart: the time from starting the process to health SERVING, on a

@@ -400,45 +400,41 @@ func (s *stepping) progressed(ctx context.Context, t *testing.T, n int64) {
 	s.mu.Lock()
 	target := slices.Max(s.last) + n
 	s.mu.Unlock()
-	for {
-		s.mu.Lock()
-		err, done, changed := s.err, slices.Min(s.last) >= target, s.changed
-		s.mu.Unlock()
-		switch {
-		case err != nil:
-			t.Fatalf("a rank's call failed: %v", err)
-		case done:
-			return
-		}
-		select {
-		case <-changed:
-		case <-ctx.Done():
-			t.Fatalf("the ranks did not reach step %d: %v", target, ctx.Err())
-		}
-	}
+	s.await(ctx, t, fmt.Sprintf("the ranks to reach step %d", target), func() bool { return slices.Min(s.last) >= target })
 }
 
 // answered returns once every rank's latest decision came from a
 // coordinator, not from its fail-safe plan.
 func (s *stepping) answered(ctx context.Context, t *testing.T) {
 	t.Helper()
+	s.await(ctx, t, "the ranks' decisions to come from a coordinator again", func() bool {
+		for i, last := range s.last {
+			if local(s.decided[i][last]) {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// await returns once done (called under s.mu) holds after an
+// acknowledgement; it fails t if a rank's call failed or ctx ends first.
+func (s *stepping) await(ctx context.Context, t *testing.T, what string, done func() bool) {
+	t.Helper()
 	for {
 		s.mu.Lock()
-		err, changed, done := s.err, s.changed, true
-		for i, last := range s.last {
-			done = done && !local(s.decided[i][last])
-		}
+		err, ok, changed := s.err, done(), s.changed
 		s.mu.Unlock()
 		switch {
 		case err != nil:
 			t.Fatalf("a rank's call failed: %v", err)
-		case done:
+		case ok:
 			return
 		}
 		select {
 		case <-changed:
 		case <-ctx.Done():
-			t.Fatalf("the ranks' decisions did not come from a coordinator again: %v", ctx.Err())
+			t.Fatalf("waiting for %s: %v", what, ctx.Err())
 		}
 	}
 }

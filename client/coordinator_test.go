@@ -21,6 +21,8 @@ import (
 	"github.com/snapcoord/snapcoord/internal/spectest"
 	coord "github.com/snapcoord/snapcoord/server/coordinator"
 	"github.com/snapcoord/snapcoord/server/coordinator/coordtest"
+	"github.com/snapcoord/snapcoord/server/engine"
+	"github.com/snapcoord/snapcoord/server/grpcserver"
 )
 
 // The worker helper runs goroutines; after Close none may be left.
@@ -41,6 +43,7 @@ func (m withBinRemoved) Run() int {
 type coordinator struct {
 	t    *testing.T
 	cfg  coord.Config
+	opts []coord.Option
 	addr string
 	gate *gate
 
@@ -79,11 +82,12 @@ func startCoordinatorLease(t *testing.T, opts []grpc.ServerOption, lease time.Du
 	g := newGate()
 	cfg := coordtest.Config(t.TempDir())
 	cfg.AdminTokens = []string{adminToken}
-	cfg.HeartbeatInterval, cfg.LeaseTTL, cfg.Test.MaxPollWait = 100*time.Millisecond, lease, 2*time.Second
-	cfg.Test.UnaryInterceptors = []grpc.UnaryServerInterceptor{g.unary}
-	cfg.Test.StreamInterceptors = []grpc.StreamServerInterceptor{g.stream}
-	cfg.Test.ServerOptions = opts
-	c := &coordinator{t: t, cfg: cfg, gate: g}
+	cfg.HeartbeatInterval, cfg.LeaseTTL = 100*time.Millisecond, lease
+	c := &coordinator{t: t, cfg: cfg, gate: g, opts: []coord.Option{
+		coord.WithEngine(func(o *engine.Options) { o.MaxPollWait = 2 * time.Second }),
+		coord.WithOuterLayer(grpcserver.Layer{Unary: g.unary, Stream: g.stream}),
+		coord.WithServerOptions(opts...),
+	}}
 	c.serve()
 	c.addr = c.instance.Addr()
 	c.cfg.Listen = c.addr
@@ -93,7 +97,7 @@ func startCoordinatorLease(t *testing.T, opts []grpc.ServerOption, lease time.Du
 
 // serve starts an instance over the data directory.
 func (c *coordinator) serve() {
-	in := coordtest.Serve(c.t, c.cfg)
+	in := coordtest.Serve(c.t, c.cfg, c.opts...)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.instance = in

@@ -10,6 +10,7 @@ import (
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 	"github.com/snapcoord/snapcoord/server/coordinator"
+	"github.com/snapcoord/snapcoord/server/engine"
 )
 
 // The whole deadline sequence over a real server: 4 trainer ranks and 8
@@ -310,7 +311,7 @@ func TestPollCommandsWaits(t *testing.T) {
 
 	// Nothing pending and a server capped at 200ms: wait_seconds 3600 ends
 	// empty after about the cap.
-	capped := startInproc(t, func(c *coordinator.Config) { c.Test.MaxPollWait = 200 * time.Millisecond })
+	capped := startInproc(t, nil, coordinator.WithEngine(func(o *engine.Options) { o.MaxPollWait = 200 * time.Millisecond }))
 	r2 := newCluster(t, capped.addr).createRun(ctx, "capped", deadlineSpec(1, time.Now().Add(time.Hour), false))
 	env2 := r2.envs(ctx, 1)[0]
 	start := time.Now()

@@ -11,6 +11,7 @@ import (
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 	"github.com/snapcoord/snapcoord/server/clock"
+	"github.com/snapcoord/snapcoord/server/coordinator"
 	"github.com/snapcoord/snapcoord/server/deadline"
 )
 
@@ -23,7 +24,7 @@ import (
 func TestExpectedLossOverGRPC(t *testing.T) {
 	ctx := testContext(t)
 	clk := clock.NewFake(time.Now().Truncate(time.Second))
-	srv := startInproc(t, hourlyHeartbeats(clk))
+	srv := startInproc(t, hourlyHeartbeats, coordinator.WithClock(clk))
 	c := newCluster(t, srv.addr)
 	start := clk.Now()
 	b := start.Add(30 * time.Minute)

@@ -19,7 +19,6 @@ import (
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 	"github.com/snapcoord/snapcoord/internal/coordproc"
 	"github.com/snapcoord/snapcoord/internal/logsink"
-	"github.com/snapcoord/snapcoord/server/clock"
 	"github.com/snapcoord/snapcoord/server/coordinator"
 	"github.com/snapcoord/snapcoord/server/coordinator/coordtest"
 )
@@ -43,6 +42,7 @@ func testContext(t *testing.T) context.Context {
 type inproc struct {
 	t    *testing.T
 	cfg  coordinator.Config
+	opts []coordinator.Option
 	addr string
 	logs *logsink.Buffer
 
@@ -50,10 +50,11 @@ type inproc struct {
 }
 
 // startInproc serves a fresh data directory with tune's changes to the
-// test configuration. A fake clock (cfg.Test.Clock) is kept across restarts.
-func startInproc(t *testing.T, tune func(*coordinator.Config)) *inproc {
+// test configuration, and opts. A fake clock (coordinator.WithClock) is
+// kept across restarts.
+func startInproc(t *testing.T, tune func(*coordinator.Config), opts ...coordinator.Option) *inproc {
 	t.Helper()
-	c := &inproc{t: t, cfg: coordtest.Config(t.TempDir()), logs: &logsink.Buffer{}}
+	c := &inproc{t: t, cfg: coordtest.Config(t.TempDir()), opts: opts, logs: &logsink.Buffer{}}
 	c.cfg.Logger = slog.New(slog.NewTextHandler(c.logs, nil))
 	if tune != nil {
 		tune(&c.cfg)
@@ -63,17 +64,15 @@ func startInproc(t *testing.T, tune func(*coordinator.Config)) *inproc {
 	return c
 }
 
-// hourlyHeartbeats runs the engine on clk with heartbeats an hour apart
-// (leases of three), for tests that move time by hand.
-func hourlyHeartbeats(clk clock.Clock) func(*coordinator.Config) {
-	return func(c *coordinator.Config) {
-		c.Test.Clock, c.HeartbeatInterval, c.LeaseTTL = clk, time.Hour, 3*time.Hour
-	}
+// hourlyHeartbeats puts heartbeats an hour apart (leases of three), for
+// tests that move a fake clock by hand.
+func hourlyHeartbeats(c *coordinator.Config) {
+	c.HeartbeatInterval, c.LeaseTTL = time.Hour, 3*time.Hour
 }
 
 func (c *inproc) start() {
 	c.t.Helper()
-	c.instance = coordtest.Serve(c.t, c.cfg)
+	c.instance = coordtest.Serve(c.t, c.cfg, c.opts...)
 	c.addr = c.instance.Addr()
 	c.cfg.Listen = c.addr
 }

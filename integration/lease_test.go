@@ -9,6 +9,7 @@ import (
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 	"github.com/snapcoord/snapcoord/server/clock"
 	"github.com/snapcoord/snapcoord/server/coordinator"
+	"github.com/snapcoord/snapcoord/server/engine"
 )
 
 // Lease timings of these tests: heartbeat every 100ms, lost after 300ms of
@@ -20,10 +21,11 @@ const (
 	grace      = time.Second
 )
 
-func leaseOptions(clk clock.Clock) func(*coordinator.Config) {
-	return func(c *coordinator.Config) {
-		c.Test.Clock, c.HeartbeatInterval, c.LeaseTTL, c.Test.RestartGrace = clk, hbInterval, leaseTTL, grace
-	}
+func leaseTimings(c *coordinator.Config) { c.HeartbeatInterval, c.LeaseTTL = hbInterval, leaseTTL }
+
+// onClock runs the engine on clk, with grace after a restart.
+func onClock(clk clock.Clock) coordinator.Option {
+	return coordinator.WithEngine(func(o *engine.Options) { o.Clock, o.RestartGrace = clk, grace })
 }
 
 func workerStates(ctx context.Context, r *run) map[string]v1.WorkerState {
@@ -40,7 +42,7 @@ func workerStates(ctx context.Context, r *run) map[string]v1.WorkerState {
 func TestSilentWorkerIsLostAndDoesNotBlockTheSnapshot(t *testing.T) {
 	ctx := testContext(t)
 	clk := clock.NewFake(time.Now())
-	srv := startInproc(t, leaseOptions(clk))
+	srv := startInproc(t, leaseTimings, onClock(clk))
 	r := newCluster(t, srv.addr).createRun(ctx, "leases", deadlineSpec(1, clk.Now().Add(time.Hour), false))
 	reg := r.register(ctx, v1.WorkerRole_WORKER_ROLE_TRAINER, "rank-0", 0)
 	if reg.HeartbeatInterval.AsDuration() != hbInterval || reg.LeaseTtl.AsDuration() != leaseTTL {
@@ -119,7 +121,7 @@ func TestSilentWorkerIsLostAndDoesNotBlockTheSnapshot(t *testing.T) {
 func TestNobodyLostInsideRestartGrace(t *testing.T) {
 	ctx := testContext(t)
 	clk := clock.NewFake(time.Now())
-	srv := startInproc(t, leaseOptions(clk))
+	srv := startInproc(t, leaseTimings, onClock(clk))
 	r := newCluster(t, srv.addr).createRun(ctx, "grace", deadlineSpec(1, clk.Now().Add(time.Hour), false))
 	rank := r.trainers(ctx, 1)[0]
 	envs := r.envs(ctx, 2)

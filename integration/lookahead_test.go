@@ -11,6 +11,7 @@ import (
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 	"github.com/snapcoord/snapcoord/server/clock"
+	"github.com/snapcoord/snapcoord/server/coordinator"
 )
 
 // Over a real server with a fake clock: checkpoint_every_steps makes the
@@ -20,7 +21,7 @@ import (
 func TestRegularSaveAndMissedDeadlineOverGRPC(t *testing.T) {
 	ctx := testContext(t)
 	clk := clock.NewFake(time.Now())
-	srv := startInproc(t, hourlyHeartbeats(clk))
+	srv := startInproc(t, hourlyHeartbeats, coordinator.WithClock(clk))
 	c := newCluster(t, srv.addr)
 	b := clk.Now().Add(10 * time.Minute)
 	spec := &v1.RunSpec{

@@ -7,10 +7,7 @@ import (
 	"strings"
 	"time"
 
-	"google.golang.org/grpc"
-
 	"github.com/snapcoord/snapcoord/internal/loopback"
-	"github.com/snapcoord/snapcoord/server/clock"
 )
 
 // Config is every setting of a coordinator. `snapcoord serve` binds its
@@ -103,26 +100,6 @@ type Config struct {
 	LookupEnv func(string) (string, bool)
 	// ServiceVersion is reported to OpenTelemetry.
 	ServiceVersion string
-
-	// Test knobs: production leaves them zero.
-	Test TestHooks
-}
-
-// TestHooks are settings only tests use. They add to the production
-// assembly; they never replace a part of it.
-type TestHooks struct {
-	// Clock drives the engine (the fake clock of server/clock); nil: real.
-	Clock clock.Clock
-	// MaxPollWait and RestartGrace override the engine's defaults.
-	MaxPollWait  time.Duration
-	RestartGrace time.Duration
-	// UnaryInterceptors and StreamInterceptors run outermost, before the
-	// production chain, to count, fail or record calls.
-	UnaryInterceptors  []grpc.UnaryServerInterceptor
-	StreamInterceptors []grpc.StreamServerInterceptor
-	// ServerOptions are added to the gRPC server's (e.g. TLS credentials
-	// built in memory).
-	ServerOptions []grpc.ServerOption
 }
 
 // StoreKind names a store backend.

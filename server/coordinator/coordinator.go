@@ -38,6 +38,7 @@ const StoreFile = "snapcoord.db"
 // Coordinator is an assembled coordinator.
 type Coordinator struct {
 	cfg Config
+	x   extras // what the Options added
 	log *slog.Logger
 	tel *telemetry.Telemetry
 	db  *store.DB      // nil with the etcd store
@@ -67,9 +68,12 @@ type Coordinator struct {
 }
 
 // New assembles a coordinator over cfg.DataDir without listening yet. On
-// error, whatever it had acquired is released.
-func New(ctx context.Context, cfg Config) (_ *Coordinator, err error) {
+// error, whatever it had acquired is released. opts are for tests.
+func New(ctx context.Context, cfg Config, opts ...Option) (_ *Coordinator, err error) {
 	c := &Coordinator{cfg: cfg, log: cfg.Logger}
+	for _, o := range opts {
+		o(&c.x)
+	}
 	if c.log == nil {
 		c.log = slog.New(slog.DiscardHandler)
 	}
@@ -132,19 +136,20 @@ func (c *Coordinator) openBbolt(ctx context.Context) (err error) {
 // loadEngine builds an engine over st, loading every run: at start with
 // bbolt, at each term won with etcd, the same restart either way.
 func (c *Coordinator) loadEngine(ctx context.Context, st store.Store) (*engine.Engine, error) {
-	return engine.New(ctx, st, engine.Options{
-		Clock:                c.cfg.Test.Clock,
+	opts := engine.Options{
 		Logger:               c.log,
 		HeartbeatInterval:    c.cfg.HeartbeatInterval,
 		LeaseTTL:             c.cfg.LeaseTTL,
-		RestartGrace:         c.cfg.Test.RestartGrace,
-		MaxPollWait:          c.cfg.Test.MaxPollWait,
 		MaxRuns:              c.cfg.MaxRuns,
 		MaxWorkersPerRun:     c.cfg.MaxWorkersPerRun,
 		MaxEventsPerRun:      c.cfg.MaxEventsPerRun,
 		FinishedRunRetention: c.cfg.FinishedRunRetention,
 		Observer:             c.tel,
-	})
+	}
+	for _, edit := range c.x.engine {
+		edit(&opts)
+	}
+	return engine.New(ctx, st, opts)
 }
 
 // openStore opens the data file. A second coordinator on the same directory

@@ -16,6 +16,7 @@ import (
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 	"github.com/snapcoord/snapcoord/internal/spectest"
 	"github.com/snapcoord/snapcoord/server/clock"
+	"github.com/snapcoord/snapcoord/server/coordinator"
 	"github.com/snapcoord/snapcoord/server/coordinator/coordtest"
 )
 
@@ -68,8 +69,7 @@ func TestPerRunSeriesStayBounded(t *testing.T) {
 	cfg := coordtest.Config(t.TempDir())
 	cfg.MetricsListen = "127.0.0.1:0"
 	cfg.RunMetricsRetention = 10 * time.Minute
-	cfg.Test.Clock = clk
-	c := coordtest.Start(t, cfg)
+	c := coordtest.Start(t, cfg, coordinator.WithClock(clk))
 	conn := dial(t, c.Addr())
 	runs, workers := v1.NewRunServiceClient(conn), v1.NewWorkerServiceClient(conn)
 	create := func(id string) (token string) {

@@ -82,18 +82,13 @@ func (c *Coordinator) buildServer() error {
 	})
 }
 
-// serverConfig is the interceptor chain around grpcserver's own (drain,
-// validation, recovery), in go-grpc-middleware's examples/server order: the
-// otelgrpc stats handler sees everything, then logging (so a refused call
-// is logged with its code), then the follower gate (before authentication,
-// which needs the leader's engine for run tokens), then authentication.
-// Test hooks go outermost.
+// serverConfig fills grpcserver's slots; grpcserver.chain puts them in
+// order.
 func (c *Coordinator) serverConfig(serveReflection bool) grpcserver.Config {
-	opts := []grpc.ServerOption{grpc.StatsHandler(c.tel.StatsHandler())}
+	var opts []grpc.ServerOption
 	if c.tlsr != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(c.tlsr.Config())))
 	}
-	hooks := c.cfg.Test
 	return grpcserver.Config{
 		MaxRecvMsgSize:           c.cfg.MaxRecvMsgSize,
 		MaxHeaderListSize:        c.cfg.MaxHeaderListSize,
@@ -104,11 +99,12 @@ func (c *Coordinator) serverConfig(serveReflection bool) grpcserver.Config {
 		KeepaliveTime:            c.cfg.KeepaliveTime,
 		KeepaliveTimeout:         c.cfg.KeepaliveTimeout,
 		DisableReflection:        !serveReflection,
-		UnaryInterceptors: append(append([]grpc.UnaryServerInterceptor{}, hooks.UnaryInterceptors...),
-			telemetry.RPCLoggingUnary(c.log), c.gate.UnaryServerInterceptor(), c.authn.UnaryServerInterceptor()),
-		StreamInterceptors: append(append([]grpc.StreamServerInterceptor{}, hooks.StreamInterceptors...),
-			telemetry.RPCLoggingStream(c.log), c.gate.StreamServerInterceptor(), c.authn.StreamServerInterceptor()),
-		ServerOptions: append(opts, hooks.ServerOptions...),
+		Telemetry:                c.tel.StatsHandler(),
+		Outer:                    c.x.outer,
+		Logging:                  grpcserver.Layer{Unary: telemetry.RPCLoggingUnary(c.log), Stream: telemetry.RPCLoggingStream(c.log)},
+		Gate:                     grpcserver.Layer{Unary: c.gate.UnaryServerInterceptor(), Stream: c.gate.StreamServerInterceptor()},
+		Auth:                     grpcserver.Layer{Unary: c.authn.UnaryServerInterceptor(), Stream: c.authn.StreamServerInterceptor()},
+		ServerOptions:            append(opts, c.x.server...),
 	}
 }
 

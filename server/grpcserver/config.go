@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/stats"
 )
 
 // Config tunes the gRPC server. A zero field leaves grpc-go's own default;
@@ -38,19 +39,31 @@ type Config struct {
 	// the auth interceptor's business.
 	DisableReflection bool
 
-	// The slots below are for the cross-cutting layers added outside this
-	// package (auth, per-RPC logging, OpenTelemetry) so that they need no
-	// change here. Interceptors listed here run, in order, outside the
-	// drain, validation and recovery interceptors, as go-grpc-middleware's
-	// examples/server orders them: logging first, then auth.
+	// The layers below are built outside this package; chain puts them in
+	// their place in the one chain every call passes through. A zero
+	// Layer is left out.
 
-	// UnaryInterceptors run first for unary RPCs.
-	UnaryInterceptors []grpc.UnaryServerInterceptor
-	// StreamInterceptors run first for streaming RPCs.
-	StreamInterceptors []grpc.StreamServerInterceptor
-	// ServerOptions are appended to the server's options: a stats handler
-	// (otelgrpc.NewServerHandler()) or TLS credentials.
+	// Telemetry is the stats handler that sees every call first and last
+	// (otelgrpc).
+	Telemetry stats.Handler
+	// Outer layers run outermost, before logging: a test's interceptors
+	// that count, fail or record calls. Production has none.
+	Outer []Layer
+	// Logging logs each call with its final status.
+	Logging Layer
+	// Gate lets RunService and WorkerService calls through only while
+	// this coordinator leads (leader.Gate).
+	Gate Layer
+	// Auth authenticates the caller (auth.Authenticator).
+	Auth Layer
+	// ServerOptions are appended to the server's options: TLS credentials.
 	ServerOptions []grpc.ServerOption
+}
+
+// Layer is one cross-cutting layer, for unary and streaming calls alike.
+type Layer struct {
+	Unary  grpc.UnaryServerInterceptor
+	Stream grpc.StreamServerInterceptor
 }
 
 // sizeOptions are the size limits that are set; grpc-go reads a zero

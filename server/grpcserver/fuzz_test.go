@@ -48,7 +48,9 @@ import (
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 	"github.com/snapcoord/snapcoord/internal/apifacts"
 	"github.com/snapcoord/snapcoord/internal/spectest"
+	"github.com/snapcoord/snapcoord/server/coordinator"
 	"github.com/snapcoord/snapcoord/server/coordinator/coordtest"
+	"github.com/snapcoord/snapcoord/server/engine"
 	"github.com/snapcoord/snapcoord/store"
 )
 
@@ -258,8 +260,8 @@ func newFuzzEnv(f *testing.F) *fuzzEnv {
 func (e *fuzzEnv) start(t testing.TB) {
 	t.Helper()
 	cfg := coordtest.Config(e.dir)
-	cfg.LeaseTTL, cfg.Test.MaxPollWait = time.Hour, 20*time.Millisecond
-	e.coord = coordtest.Serve(t, cfg)
+	cfg.LeaseTTL = time.Hour
+	e.coord = coordtest.Serve(t, cfg, coordinator.WithEngine(func(o *engine.Options) { o.MaxPollWait = 20 * time.Millisecond }))
 	conn, err := grpc.NewClient(e.coord.Addr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatalf("dial: %v", err)

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"sync"
 	"time"
 
@@ -91,22 +92,7 @@ func newServer(cfg Config, logger *slog.Logger, register func(grpc.ServiceRegist
 }
 
 func (s *Server) options(cfg Config, validator protovalidate.Validator) []grpc.ServerOption {
-	recoverOpt := recovery.WithRecoveryHandlerContext(s.recoverPanic)
-	// Outermost first. The configured slots (logging, auth) see every RPC
-	// and its final status; drain turns shutdown cancellation into
-	// UNAVAILABLE; validation rejects bad input before any handler;
-	// recovery is innermost, as in go-grpc-middleware's examples/server, so
-	// a panic becomes a status that every outer layer still observes.
-	unary := append(append([]grpc.UnaryServerInterceptor{}, cfg.UnaryInterceptors...),
-		s.drain.unary,
-		pvinterceptor.UnaryServerInterceptor(validator),
-		recovery.UnaryServerInterceptor(recoverOpt),
-	)
-	stream := append(append([]grpc.StreamServerInterceptor{}, cfg.StreamInterceptors...),
-		s.drain.stream,
-		pvinterceptor.StreamServerInterceptor(validator),
-		recovery.StreamServerInterceptor(recoverOpt),
-	)
+	unary, stream := interceptors(s.chain(cfg, validator))
 	opts := []grpc.ServerOption{
 		grpc.StatsHandler(&s.drain.calls),
 		grpc.ChainUnaryInterceptor(unary...),
@@ -121,9 +107,46 @@ func (s *Server) options(cfg Config, validator protovalidate.Validator) []grpc.S
 			Timeout:           cfg.KeepaliveTimeout,
 		}),
 	}
+	if cfg.Telemetry != nil {
+		opts = append(opts, grpc.StatsHandler(cfg.Telemetry))
+	}
 	// Zero keepalive durations are grpc-go's defaults.
 	opts = append(opts, cfg.sizeOptions()...)
 	return append(opts, cfg.ServerOptions...)
+}
+
+// chain is every interceptor a call passes through, outermost first, as
+// go-grpc-middleware's examples/server orders them (the stats handlers,
+// telemetry and drain's call counter, see every call before and after
+// them). Logging comes before the gate so a refused call is logged with
+// its code; the gate before authentication, which needs the leader's
+// engine for run tokens; drain turns shutdown cancellation into
+// UNAVAILABLE; validation rejects bad input before any handler; recovery
+// is innermost, so a panic becomes a status every outer layer observes.
+func (s *Server) chain(cfg Config, validator protovalidate.Validator) []Layer {
+	recoverOpt := recovery.WithRecoveryHandlerContext(s.recoverPanic)
+	return slices.Concat(cfg.Outer, []Layer{
+		cfg.Logging,
+		cfg.Gate,
+		cfg.Auth,
+		{s.drain.unary, s.drain.stream},
+		{pvinterceptor.UnaryServerInterceptor(validator), pvinterceptor.StreamServerInterceptor(validator)},
+		{recovery.UnaryServerInterceptor(recoverOpt), recovery.StreamServerInterceptor(recoverOpt)},
+	})
+}
+
+// interceptors splits layers into grpc-go's two chains, leaving out what
+// a layer does not provide.
+func interceptors(layers []Layer) (unary []grpc.UnaryServerInterceptor, stream []grpc.StreamServerInterceptor) {
+	for _, l := range layers {
+		if l.Unary != nil {
+			unary = append(unary, l.Unary)
+		}
+		if l.Stream != nil {
+			stream = append(stream, l.Stream)
+		}
+	}
+	return unary, stream
 }
 
 // Serve reports SERVING and serves lis until Shutdown; it then returns nil.

@@ -32,10 +32,11 @@ type Instance struct {
 	Stop func()
 }
 
-// Start assembles cfg and serves it until Stop or the end of the test.
-func Start(t testing.TB, cfg coordinator.Config) *Instance {
+// Start assembles cfg with opts and serves it until Stop or the end of the
+// test.
+func Start(t testing.TB, cfg coordinator.Config, opts ...coordinator.Option) *Instance {
 	t.Helper()
-	in := Serve(t, cfg)
+	in := Serve(t, cfg, opts...)
 	t.Cleanup(in.Stop)
 	return in
 }
@@ -43,9 +44,9 @@ func Start(t testing.TB, cfg coordinator.Config) *Instance {
 // Serve is Start for harnesses that restart the coordinator: the caller
 // calls Stop, at the latest in a cleanup registered before the test's own,
 // so the coordinator outlives the clients that the test closes at cleanup.
-func Serve(t testing.TB, cfg coordinator.Config) *Instance {
+func Serve(t testing.TB, cfg coordinator.Config, opts ...coordinator.Option) *Instance {
 	t.Helper()
-	c, err := coordinator.New(context.Background(), cfg)
+	c, err := coordinator.New(context.Background(), cfg, opts...)
 	if err != nil {
 		t.Fatalf("coordinator.New: %v", err)
 	}

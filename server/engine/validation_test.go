@@ -11,8 +11,9 @@ import (
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 )
 
-// One row per rule of docs/design.md "Validation" (the rules that span fields;
-// single-field bounds and enum values are protovalidate's, in the transport).
+// One row per rule of docs/grpcurl.md "What a run spec must satisfy" (the
+// rules that span fields; single-field bounds and enum values are
+// protovalidate's, in the transport).
 func TestCreateRunValidation(t *testing.T) {
 	const (
 		budgetField   = "spec.checkpointing.checkpoint_must_save_by"

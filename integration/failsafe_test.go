@@ -47,11 +47,16 @@ func failSafeRun(ctx context.Context, t *testing.T, p *proc, id string, b time.T
 	if err != nil {
 		t.Fatalf("CreateRun: %v", err)
 	}
+	return startRanks(ctx, t, p.addr, id, resp.GetRunToken(), testFailSafe)
+}
+
+// startRanks starts the two ranks of run id with plan fs.
+func startRanks(ctx context.Context, t *testing.T, addr, id, token string, fs client.FailSafeConfig) [2]failSafeRank {
+	t.Helper()
 	var ranks [2]failSafeRank
 	for i := range ranks {
 		logs := &logsink.Recorder{}
-		fs := testFailSafe
-		tr, err := dialClient(t, p.addr, resp.GetRunToken()).StartTrainer(ctx, client.TrainerConfig{
+		tr, err := dialClient(t, addr, token).StartTrainer(ctx, client.TrainerConfig{
 			RunID: id, Rank: int32(i), Logger: logs.Logger(), FailSafe: &fs})
 		if err != nil {
 			t.Fatalf("StartTrainer(rank %d): %v", i, err)

@@ -19,7 +19,7 @@ func (e *Engine) ReportCheckpoint(ctx context.Context, req *v1.ReportCheckpointR
 		if err != nil {
 			return err
 		}
-		if err := m.r.reachable(req.Step); err != nil {
+		if err := m.steps().admit(req.Step, w.w.Rank); err != nil {
 			return err
 		}
 		st, err := m.steps().step(ctx, req.Step)

@@ -394,6 +394,7 @@ func (e *Engine) resume(r *runState) {
 	r.mu.Lock()
 	m := &mut{e: e, r: r, now: e.clk.Now()}
 	r.loadedAt, r.graceUntil = m.now, m.now.Add(e.opts.RestartGrace)
+	r.jumpAdmissible = true
 	if !r.terminal() {
 		m.steps().armPreStep()
 		m.snapshots().armInterval(false)

@@ -72,6 +72,9 @@ type runState struct {
 	// loadedAt is when this process loaded the run from the store; zero
 	// for a run it created. See reserveSeconds.
 	loadedAt time.Time
+	// jumpAdmissible: the run was loaded from the store and no step past
+	// its last recorded one was admitted since. See stepMut.admit.
+	jumpAdmissible bool
 
 	purged bool // deleted after its retention; callers that found it first get NOT_FOUND
 

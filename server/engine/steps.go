@@ -62,7 +62,7 @@ func (m stepMut) completeStep(ctx context.Context, step int64, iterSeconds float
 		return &v1.Decision{Step: step, Action: v1.StepAction_STEP_ACTION_STOP, DecidedAt: r.rec.Run.EndedAt,
 			Inputs: proto.Clone(r.rec.Run.Deadline).(*v1.Deadline), Explanation: "the run is " + stateName(r.state()) + ": stop"}, nil
 	}
-	if err := r.reachable(step); err != nil {
+	if err := m.admit(step, local.rank); err != nil {
 		return nil, err
 	}
 	if st == nil {
@@ -86,19 +86,56 @@ func (m stepMut) completeStep(ctx context.Context, step int64, iterSeconds float
 	return d, nil
 }
 
-// reachable refuses a step more than one past the run's last: ranks ask
+// admit refuses a step more than one past the run's last: ranks ask
 // about every step, in order, and checkpoint a step they completed (at most
 // the one they are about to ask about). A wrong step number (a sample
 // count, a global batch index) would otherwise fire the deadline at a step
 // no rank reaches, leaving the others told to continue to it, or publish a
 // checkpoint that every real one after it seems older than. The first step
 // may be any: a run resumed from a checkpoint starts past 1.
-func (r *runState) reachable(step int64) error {
+//
+// One jump is admitted: the first step past the last recorded one that
+// this process hears after loading the run (see admitJump).
+func (m stepMut) admit(step int64, rank int32) error {
+	r := m.r
 	last := r.rec.Run.LastStep
-	if last == 0 || step <= last+1 {
+	switch {
+	case step <= last:
+		return nil
+	case last == 0 || step == last+1:
+		r.jumpAdmissible = false
+		return nil
+	case r.jumpAdmissible && !r.terminal():
+		m.admitJump(step, rank)
 		return nil
 	}
 	return errorf(ErrFailedPrecondition, "step: %d is more than one past the run's last step %d: ranks ask about every step, in order", step, last)
+}
+
+// admitJump takes step, the first past the run's last recorded one since
+// this process loaded the run, and more than one past it, for the run's
+// step after its state went back: the store was restored from an older
+// copy (a backup), while the ranks kept training and got decisions this
+// state never recorded. Refused, the ranks' every later step would be
+// refused too, and the job would end for what the coordinator lost. The
+// steps between are not recorded (a rank that still reports one of them
+// gets it decided as any step no rank asked about). The first step to
+// arrive is taken, under the run's lock: every other rank asks about it or
+// a neighbour and gets the same stored decisions, and the jump is taken
+// once. After that a jump is refused as before: a step number that is
+// wrong from the start is refused at its second step.
+func (m stepMut) admitJump(step int64, rank int32) {
+	r := m.r
+	last := r.rec.Run.LastStep
+	r.jumpAdmissible = false
+	r.rec.Run.LastStep = step
+	m.dirty()
+	msg := fmt.Sprintf("rank %d is at step %d and the run's last recorded step is %d: this coordinator's state is older than the ranks' "+
+		"(restored from an older copy of its data?); steps %d to %d are not recorded, the run goes on from step %d",
+		rank, step, last, last+1, step-1, step)
+	m.log().event(&v1.RunEvent{Type: v1.RunEventType_RUN_EVENT_TYPE_WARNING, Step: step, Message: msg})
+	m.e.log.Warn("a rank is ahead of the run's recorded steps: the coordinator's state went back", "run_id", r.id,
+		"rank", rank, "step", step, "last_recorded_step", last)
 }
 
 // iterationOnly takes out of a rank's iteration the time it may have spent

@@ -1,8 +1,9 @@
 """The NeMo RL drop-in, tried as a NeMo RL user would: two rank processes
 making grpo.py's calls (grpo_loop.py), real checkpoint files, environment
 workers writing real snapshot files, and the coordinator through a normal
-deadline, a Slurm requeue, a kill -9 with a restart, a kill -9 for good, no
-coordinator at start, and no coordinator configured at all."""
+deadline, a Slurm requeue, a kill -9 with a restart, a kill -9 for good, a
+restore of its data from an older copy, no coordinator at start, and no
+coordinator configured at all."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import logging
 import multiprocessing
 import pathlib
 import queue
+import re
+import shutil
 import threading
 import time
 from dataclasses import dataclass, field
@@ -239,6 +242,42 @@ def test_grpo_loop_saves_when_the_coordinator_is_gone_for_good(coordinator: Coor
     saved = [at for rank, s, at in job.saved if s == step]
     assert len(saved) == RANKS and max(saved) < b, "every rank saved its deadline checkpoint before B"
     assert len(list((tmp_path / "ckpt" / f"step_{step}").glob("*.pt"))) == RANKS
+
+
+# (4b) The coordinator's data file restored from an older copy (made at a
+# kill -9 and restart at step 4 or later) after the ranks trained on five
+# more steps: they go on, coordinated, and save at one step.
+def test_grpo_loop_goes_on_after_the_coordinator_is_restored_from_an_older_copy(coordinator: Coordinator, tmp_path: pathlib.Path) -> None:
+    admin, token, b = create_run(coordinator, "grpo", 25)
+    envs = EnvWorkers(coordinator.worker_client("grpo", token), tmp_path / "snapshots")
+    job = Job(coordinator, "grpo", token, Loop(str(tmp_path / "ckpt"), dhms(25)))
+    job.start()
+    db, backup = coordinator.data_dir / "snapcoord.db", tmp_path / "snapcoord.db.copy"
+    job.until(lambda: job.last_step() >= 4)
+    coordinator.kill()  # the copy is made of a file nobody writes
+    shutil.copyfile(db, backup)
+    coordinator.start()
+    copied = job.last_step()  # the copy's last step is this or the next
+    job.until(lambda: job.last_step() >= copied + 5)
+    coordinator.kill()
+    shutil.copyfile(backup, db)
+    coordinator.start()
+    job.finish()  # every rank exits 0: nothing was refused into the loop
+    envs.close()
+
+    run = admin.get_run("grpo")
+    assert RunState(run.state) == RunState.STOPPED, run.failure_message
+    assert job.fired() == {0: run.fired_at_step, 1: run.fired_at_step}
+    assert all(loop == checker for _, loop, checker, _, _, _ in job.steps), "the checker numbers steps as the loop does"
+    assert len(list((tmp_path / "ckpt" / f"step_{run.fired_at_step}").glob("*.pt"))) == RANKS
+    assert deadline_snapshot(admin, "grpo").anchor_step == run.fired_at_step
+    assert run.ended_at.ToNanoseconds() / 1e9 < b
+    events = admin.runs.WatchRun(run_service_pb2.WatchRunRequest(run_id="grpo", no_follow=True), timeout=10)
+    found = [re.search(r"is at step (\d+) and the run's last recorded step is (\d+)", e.event.message) for e in events]
+    gaps = [(int(m[1]), int(m[2])) for m in found if m]
+    assert len(gaps) == 1, f"WARNING events for the restore: {gaps}"
+    (taken, last), = gaps
+    assert last in (copied, copied + 1) and taken >= copied + 4, f"step {taken} taken after the copy's last step {last}"
 
 
 # (5) SNAPCOORD_* set and no coordinator: a clear error, fast.

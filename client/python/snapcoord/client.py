@@ -11,18 +11,17 @@ import re
 import socket
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import grpc
 
 from snapcoord import errors
+from snapcoord._conn import Connection
 from snapcoord._leader import CUT_BY_NEW_LEADER, LeaderChannel
 from snapcoord._retry import DEFAULT_RETRY, LONG_LIVED_METHODS, RETRIED_METHODS, RetryPolicy
+from snapcoord.env_worker import EnvWorker
+from snapcoord.trainer import Trainer
 from snapcoord.v1 import run_pb2, run_service_pb2, run_service_pb2_grpc, worker_pb2, worker_service_pb2_grpc
-
-if TYPE_CHECKING:  # imported where used: they import this module
-    from snapcoord.env_worker import EnvWorker
-    from snapcoord.trainer import Trainer
 
 DEFAULT_ADDR = "127.0.0.1:7070"
 # A retried call that took longer than this is logged at WARNING: a training
@@ -309,31 +308,56 @@ class Client:
         retry: RetryPolicy = DEFAULT_RETRY,
         follow_leader: bool = False,
     ) -> None:
-        self._channel = channel
         bearer = _Bearer(admin_token, run_token)
         retried = grpc.intercept_channel(channel, bearer, _Retry(retry, channel))
         once = grpc.intercept_channel(channel, bearer, _WaitForReady())
-        self.runs = run_service_pb2_grpc.RunServiceStub(retried)
-        self.workers = worker_service_pb2_grpc.WorkerServiceStub(retried)
-        # For Trainer and EnvWorker: retried until their timeout, if any,
-        # however many attempts (see _Retry).
-        self.workers_patient = worker_service_pb2_grpc.WorkerServiceStub(
-            grpc.intercept_channel(channel, bearer, _Retry(retry, channel, patient=True))
+        patient = grpc.intercept_channel(channel, bearer, _Retry(retry, channel, patient=True))
+        #: What the workers started from this client share (see _conn.py).
+        self.connection = Connection(
+            channel,
+            runs=run_service_pb2_grpc.RunServiceStub(retried),
+            workers=worker_service_pb2_grpc.WorkerServiceStub(retried),
+            # For Trainer and EnvWorker: retried until their timeout, if
+            # any, however many attempts (see _Retry).
+            workers_patient=worker_service_pb2_grpc.WorkerServiceStub(patient),
+            # For a worker's periodic calls (heartbeats, polls,
+            # re-registration): the next tick is their retry, and holding
+            # one for 20 s would delay everything behind it.
+            workers_once=worker_service_pb2_grpc.WorkerServiceStub(once),
+            run_id=run_id,
+            timeout=timeout,
+            retry=retry,
         )
-        # For a worker's periodic calls (heartbeats, polls, re-registration):
-        # the next tick is their retry, and holding one for 20 s would delay
-        # everything behind it.
-        self.workers_once = worker_service_pb2_grpc.WorkerServiceStub(once)
-        #: The run of SNAPCOORD_RUN_ID (or connect's run_id): the default of
-        #: trainer() and env_worker().
-        self.run_id = run_id
-        #: Default bound in seconds on each call with its retries; None: none.
-        self.timeout = timeout
-        self.retry = retry
+        self.runs = self.connection.runs
+        self.workers = self.connection.workers
+
+    @property
+    def run_id(self) -> str:
+        """The run of SNAPCOORD_RUN_ID (or connect's run_id): the default of
+        trainer() and env_worker()."""
+        return self.connection.run_id
+
+    @run_id.setter
+    def run_id(self, run_id: str) -> None:
+        self.connection.run_id = run_id
+
+    @property
+    def timeout(self) -> Optional[float]:
+        """Default bound in seconds on each call with its retries; None: none.
+        Its workers follow a change."""
+        return self.connection.timeout
+
+    @timeout.setter
+    def timeout(self, timeout: Optional[float]) -> None:
+        self.connection.timeout = timeout
+
+    @property
+    def retry(self) -> RetryPolicy:
+        return self.connection.retry
 
     def close(self) -> None:
         """Closes the connection."""
-        self._channel.close()
+        self.connection.channel.close()
 
     def __enter__(self) -> "Client":
         return self
@@ -344,7 +368,7 @@ class Client:
     @property
     def channel(self) -> grpc.Channel:
         """The underlying channel, e.g. for a health stub."""
-        return self._channel
+        return self.connection.channel
 
     def call(self, method: Callable[..., Any], request: Any, timeout: Optional[float] = None) -> Any:
         """Calls a unary stub method with the client's timeout, raising SnapcoordError."""
@@ -387,16 +411,12 @@ class Client:
 
     # Workers.
 
-    def trainer(self, rank: int, **kwargs: Any) -> "Trainer":
+    def trainer(self, rank: int, **kwargs: Any) -> Trainer:
         """Registers a trainer rank: see ``snapcoord.Trainer``."""
-        from snapcoord.trainer import Trainer
-
         return Trainer(self, rank, **kwargs)
 
-    def env_worker(self, name: str, **kwargs: Any) -> "EnvWorker":
+    def env_worker(self, name: str, **kwargs: Any) -> EnvWorker:
         """Registers an environment worker: see ``snapcoord.EnvWorker``."""
-        from snapcoord.env_worker import EnvWorker
-
         return EnvWorker(self, name, **kwargs)
 
 

@@ -17,8 +17,8 @@ import grpc
 
 from snapcoord import errors
 from snapcoord._conn import Connection
-from snapcoord._leader import CUT_BY_NEW_LEADER, LeaderChannel
-from snapcoord._retry import DEFAULT_RETRY, LONG_LIVED_METHODS, RETRIED_METHODS, RetryPolicy
+from snapcoord._leader import CUT_BY_NEW_LEADER, CutCall, LeaderChannel
+from snapcoord._retry import DEFAULT_RETRY, LONG_LIVED_METHODS, READ_ONLY_METHODS, RETRIED_METHODS, RetryPolicy
 from snapcoord.env_worker import EnvWorker
 from snapcoord.trainer import Trainer
 from snapcoord.v1 import run_pb2, run_service_pb2, run_service_pb2_grpc, worker_pb2, worker_service_pb2_grpc
@@ -118,7 +118,9 @@ class _Retry(grpc.UnaryUnaryClientInterceptor):
     Each attempt but a long poll's is bounded by the policy's
     ``attempt_timeout``, so that a call sent to a coordinator that froze is
     made again rather than wait out the pause; one cut because another
-    coordinator took over (several addresses) is made again at once.
+    coordinator took over (several addresses) is made again at once. An
+    attempt cut either way may have been applied: unless the method is
+    read-only, it counts as answered OUTCOME_UNKNOWN (see _CutAttempt).
 
     A call's timeout bounds all its attempts together, as a Go context does,
     and a call with one is retried until it, however many attempts that
@@ -139,7 +141,7 @@ class _Retry(grpc.UnaryUnaryClientInterceptor):
 
     def intercept_unary_unary(self, continuation, details, request):  # type: ignore[override]
         if self._policy.max_attempts <= 1:
-            return continuation(self._bounded(details, details.timeout), request)
+            return self._attempt(continuation, details, details.timeout, request)
         safe = details.method in RETRIED_METHODS
         start = time.monotonic()
         deadline = None if details.timeout is None else start + details.timeout
@@ -148,11 +150,7 @@ class _Retry(grpc.UnaryUnaryClientInterceptor):
         while True:
             attempt += 1
             left = None if deadline is None else deadline - time.monotonic()
-            bounded = self._bounded(details, left)
-            began = time.monotonic()
-            call = continuation(bounded, request)
-            if bounded.timeout != left and time.monotonic() - began >= bounded.timeout:
-                call = _timed_out_as_unavailable(call)
+            call = self._attempt(continuation, details, left, request)
             if unknown is None and errors.error_reason(call) == errors.REASON_OUTCOME_UNKNOWN:
                 unknown = call
             if not _retryable(call, safe) or (attempt >= self._policy.max_attempts and not unbounded):
@@ -165,6 +163,18 @@ class _Retry(grpc.UnaryUnaryClientInterceptor):
                 return _still_unknown(unknown, call)
             _log.debug("%s: attempt %d failed (%s); retrying within %.2fs", details.method, attempt, why, wait)
             self._pause(wait)
+
+    def _attempt(self, continuation: Any, details: grpc.ClientCallDetails, left: Optional[float], request: Any) -> Any:
+        """One attempt, with the call's ``left`` seconds at most; an attempt
+        the client cut (see _CutAttempt) fails as such."""
+        bounded = self._bounded(details, left)
+        began = time.monotonic()
+        call = continuation(bounded, request)
+        if bounded.timeout != left and time.monotonic() - began >= bounded.timeout and call.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+            return _CutAttempt(details.method, "the coordinator did not answer within the attempt timeout (paused, overloaded or cut off)")
+        if call.code() == grpc.StatusCode.UNAVAILABLE and call.details() == CUT_BY_NEW_LEADER:
+            return _CutAttempt(details.method, CUT_BY_NEW_LEADER)
+        return call
 
     def _bounded(self, details: grpc.ClientCallDetails, left: Optional[float]) -> grpc.ClientCallDetails:
         """details for one attempt: the call's time left, at most the policy's
@@ -248,33 +258,25 @@ def _still_unknown(unknown: Any, call: Any) -> Any:
     return call
 
 
-class _AttemptTimedOut(grpc.RpcError, grpc.Call):  # type: ignore[misc]
-    """An attempt that ran out of the policy's attempt_timeout (not of the
-    call's own): UNAVAILABLE, so that the retry makes it again."""
+class _CutAttempt(CutCall):
+    """An attempt the client cut: it ran out of the policy's attempt_timeout
+    (not of the call's own), or another coordinator took over while it
+    waited (_leader.py). UNAVAILABLE, so that the retry makes it again. The
+    coordinator may have applied it before the cut: unless the method is
+    read-only, its outcome is unknown (reason OUTCOME_UNKNOWN), which only a
+    retry-safe method's repeat settles. As the Go client's cutStatus."""
 
-    def __init__(self, call: Any) -> None:
-        self._call = call
+    def __init__(self, method: str, why: str) -> None:
+        super().__init__(why)
+        self._unknown = method not in READ_ONLY_METHODS
 
-    def code(self) -> grpc.StatusCode:
-        return grpc.StatusCode.UNAVAILABLE
-
-    def details(self) -> str:
-        return "the coordinator did not answer within the attempt timeout (paused, overloaded or cut off)"
+    def trailing_metadata(self) -> Any:
+        if not self._unknown:
+            return ()
+        return (("grpc-status-details-bin", errors.status_details(grpc.StatusCode.UNAVAILABLE, self._why, errors.REASON_OUTCOME_UNKNOWN)),)
 
     def result(self, timeout: Optional[float] = None) -> Any:
         raise self
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._call, name)
-
-    def __str__(self) -> str:
-        return f"UNAVAILABLE: {self.details()}"
-
-
-def _timed_out_as_unavailable(call: Any) -> Any:
-    """``call``, which ran for its attempt's timeout (shorter than the time
-    the call had left), or UNAVAILABLE if it ran out of that time."""
-    return _AttemptTimedOut(call) if call.code() == grpc.StatusCode.DEADLINE_EXCEEDED else call
 
 
 def _retryable(call: Any, safe: bool) -> bool:

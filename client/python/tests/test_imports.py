@@ -7,11 +7,23 @@ import, the installed one under ``make test``."""
 from __future__ import annotations
 
 import ast
+import os
 import pathlib
+
+import pytest
+from conftest import REPO
 
 import snapcoord
 
 ROOT = pathlib.Path(snapcoord.__file__).resolve().parent
+
+
+@pytest.mark.skipif(os.environ.get("SNAPCOORD_TEST_INSTALLED") != "1", reason="not run by make test-python")
+def test_the_tests_import_the_installed_package() -> None:
+    """Under ``make test`` (test-python) the tests see what a user installs:
+    the wheel's files in the venv's site-packages, not the source tree."""
+    assert not ROOT.is_relative_to(REPO / "client" / "python"), ROOT
+    assert ROOT.parent.name == "site-packages", ROOT
 
 
 def module_name(path: pathlib.Path) -> str:

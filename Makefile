@@ -47,7 +47,7 @@ VULNDB_DIR     := .cache/vulndb/$(VULNDB_VERSION)
 # Where buf breaking compares from. See verify-breaking.
 BREAKING_BRANCH ?= main
 
-.PHONY: help build run test generate verify verify-generated verify-buf-lint \
+.PHONY: help build run test test-python generate verify verify-generated verify-buf-lint \
 	verify-breaking verify-fmt verify-vet verify-tidy lint vuln e2e tools clean demo ui-check deploy-check slurm-e2e
 
 help: ## List the targets.
@@ -79,17 +79,36 @@ run: build ## Run the coordinator with its defaults (127.0.0.1:7070, metrics 127
 	./bin/snapcoord serve$(if $(LISTEN), --listen '$(LISTEN)')$(if $(METRICS_LISTEN), --metrics-listen '$(METRICS_LISTEN)')$(if $(DATA_DIR), --data-dir '$(DATA_DIR)')
 
 # The Debian packages are checked first, so that a machine without them (and
-# no root to install them) stops at once, before any build. A Python suite
-# that hangs (a thread that never ends keeps the interpreter up) is stopped
-# with SIGABRT after 10 minutes, which makes faulthandler print every
-# thread's stack.
+# no root to install them) stops at once, before any build.
 test: ## Run all tests: Go with the race detector (the etcd store's on a real etcd cluster), then the Python client's against bin/snapcoord.
 	scripts/deps-python.sh
 	scripts/deps-etcd.sh
 	$(MAKE) build
 	$(GO) test -race -count=1 -timeout 15m ./...
-	SNAPCOORD_BIN='$(CURDIR)/bin/snapcoord' PYTHONDONTWRITEBYTECODE=1 \
-		timeout -s ABRT 10m $(PYTHON) -X faulthandler -m pytest -p no:cacheprovider -q -o faulthandler_timeout=120 client/python/tests
+	$(MAKE) test-python
+
+# The Python client's tests run against the package as a user installs it:
+# pip installs client/python (no index: the in-tree build backend needs only
+# the standard library) into a virtual environment under .cache/ that sees
+# Debian's grpcio, protobuf and pytest, and pytest runs with that
+# environment's python, -P keeping the current directory off sys.path:
+# nothing imports the source tree (tests/test_imports.py checks). The
+# environment is made once and the package installed afresh each time.
+# PYTEST_ARGS picks the tests, e.g. make test-python
+# PYTEST_ARGS='client/python/tests/test_workers.py -k superseded'. A suite
+# that hangs (a thread that never ends keeps the interpreter up) is stopped
+# with SIGABRT after 10 minutes, which makes faulthandler print every
+# thread's stack.
+PY_VENV := .cache/python-venv
+PYTEST_ARGS ?= client/python/tests
+
+test-python: ## Run the Python client's tests (PYTEST_ARGS=, default all) against it installed into .cache/python-venv, and bin/snapcoord (make build first).
+	scripts/deps-python.sh
+	[ -x $(PY_VENV)/bin/python ] || $(PYTHON) -m venv --system-site-packages $(PY_VENV)
+	PIP_NO_INDEX=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1 \
+		$(PY_VENV)/bin/python -m pip install -q --no-deps --no-build-isolation --force-reinstall ./client/python
+	SNAPCOORD_BIN='$(CURDIR)/bin/snapcoord' SNAPCOORD_TEST_INSTALLED=1 PYTHONDONTWRITEBYTECODE=1 \
+		timeout -s ABRT 10m $(PY_VENV)/bin/python -P -X faulthandler -m pytest -p no:cacheprovider -q -o faulthandler_timeout=120 $(PYTEST_ARGS)
 
 generate: ## Regenerate api/ and the Python client's code from proto/ (removes the old generated files first).
 	if [ -d api ]; then find api -name '*.pb.go' -delete; find api -mindepth 1 -type d -empty -delete; fi

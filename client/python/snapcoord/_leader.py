@@ -54,14 +54,18 @@ def _serving(response: bytes) -> bool:
     return len(response) >= 2 and response[0] == 0x08 and response[1] == _SERVING
 
 
-class _Cut(grpc.RpcError, grpc.Call):  # type: ignore[misc]
-    """A call this channel cancelled because another coordinator leads now."""
+class CutCall(grpc.RpcError, grpc.Call):  # type: ignore[misc]
+    """A call the client cut, UNAVAILABLE: here, one this channel cancelled
+    because another coordinator leads now (client.py cuts attempts too)."""
+
+    def __init__(self, why: str = CUT_BY_NEW_LEADER) -> None:
+        self._why = why
 
     def code(self) -> grpc.StatusCode:
         return grpc.StatusCode.UNAVAILABLE
 
     def details(self) -> str:
-        return CUT_BY_NEW_LEADER
+        return self._why
 
     def initial_metadata(self) -> Any:
         return ()
@@ -82,7 +86,7 @@ class _Cut(grpc.RpcError, grpc.Call):  # type: ignore[misc]
         return False
 
     def __str__(self) -> str:
-        return f"UNAVAILABLE: {CUT_BY_NEW_LEADER}"
+        return f"UNAVAILABLE: {self._why}"
 
 
 class LeaderChannel(grpc.Channel):
@@ -303,7 +307,7 @@ class _UnaryUnary(_Callable):
             return future.result(), future
         except grpc.FutureCancelledError:
             if getattr(future, "_snapcoord_cut", False):
-                raise _Cut() from None
+                raise CutCall() from None
             raise
         except grpc.RpcError as err:
             if turn and errors.error_reason(err) == errors.REASON_NOT_LEADER:

@@ -32,19 +32,29 @@ def _retry_safe_methods() -> frozenset[str]:
     return frozenset(methods)
 
 
+def _methods_where(fact: str) -> frozenset[str]:
+    """The methods (unary or not) whose ``(snapcoord.v1.rpc)`` option sets ``fact``."""
+    return frozenset(
+        f"/{service.full_name}/{method.name}"
+        for module in (run_service_pb2, worker_service_pb2)
+        for service in module.DESCRIPTOR.services_by_name.values()
+        for method in service.methods
+        if getattr(method.GetOptions().Extensions[options_pb2.rpc], fact)
+    )
+
+
 # The unary methods that are safe to repeat when their reply was lost, and
 # so are retried on UNAVAILABLE.
 RETRIED_METHODS: frozenset[str] = _retry_safe_methods()
 
 # The methods whose calls may rightly stay open long (the long poll, the
 # streams): no attempt timeout bounds them.
-LONG_LIVED_METHODS: frozenset[str] = frozenset(
-    f"/{service.full_name}/{method.name}"
-    for module in (run_service_pb2, worker_service_pb2)
-    for service in module.DESCRIPTOR.services_by_name.values()
-    for method in service.methods
-    if method.GetOptions().Extensions[options_pb2.rpc].long_lived
-)
+LONG_LIVED_METHODS: frozenset[str] = _methods_where("long_lived")
+
+# The methods that change nothing the coordinator keeps: an attempt of one
+# that the client cut (the attempt timeout, a new leader) did nothing either,
+# while one of any other may have been applied before the cut.
+READ_ONLY_METHODS: frozenset[str] = _methods_where("read_only")
 
 # A worker re-opens its command stream (or polls again) at most this far
 # apart, whatever RetryPolicy.max_delay says: a command issued as a restarted

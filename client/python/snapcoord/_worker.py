@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterator, Optional, TypeVar
 import grpc
 
 from snapcoord import errors
-from snapcoord.client import Client
+from snapcoord._conn import Connection
 from snapcoord.types import Command, CommandKind, RunState
 from snapcoord.v1 import worker_pb2, worker_service_pb2 as ws
 
@@ -69,7 +69,7 @@ class _Worker:
 
     def __init__(
         self,
-        client: Client,
+        conn: Connection,
         *,
         run_id: str,
         role: worker_pb2.WorkerRole,
@@ -83,7 +83,7 @@ class _Worker:
     ) -> None:
         if not run_id:
             raise ValueError("snapcoord: no run id: pass run_id, or set SNAPCOORD_RUN_ID")
-        self._c = client
+        self._c = conn
         self._run_id, self._role, self._name, self._rank = run_id, role, name, rank
         self._poll_wait = poll_wait_seconds(poll_wait)
         self._handler = handler
@@ -534,7 +534,7 @@ class _Worker:
 class _Handle:
     """What Trainer and EnvWorker share: state, commands, close."""
 
-    _c: Client
+    _c: Connection
     _w: _Worker
 
     @property

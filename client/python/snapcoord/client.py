@@ -11,18 +11,17 @@ import re
 import socket
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import grpc
 
 from snapcoord import errors
-from snapcoord._leader import CUT_BY_NEW_LEADER, LeaderChannel
-from snapcoord._retry import DEFAULT_RETRY, LONG_LIVED_METHODS, RETRIED_METHODS, RetryPolicy
+from snapcoord._conn import Connection
+from snapcoord._leader import CUT_BY_NEW_LEADER, CutCall, LeaderChannel
+from snapcoord._retry import DEFAULT_RETRY, LONG_LIVED_METHODS, READ_ONLY_METHODS, RETRIED_METHODS, RetryPolicy
+from snapcoord.env_worker import EnvWorker
+from snapcoord.trainer import Trainer
 from snapcoord.v1 import run_pb2, run_service_pb2, run_service_pb2_grpc, worker_pb2, worker_service_pb2_grpc
-
-if TYPE_CHECKING:  # imported where used: they import this module
-    from snapcoord.env_worker import EnvWorker
-    from snapcoord.trainer import Trainer
 
 DEFAULT_ADDR = "127.0.0.1:7070"
 # A retried call that took longer than this is logged at WARNING: a training
@@ -119,7 +118,9 @@ class _Retry(grpc.UnaryUnaryClientInterceptor):
     Each attempt but a long poll's is bounded by the policy's
     ``attempt_timeout``, so that a call sent to a coordinator that froze is
     made again rather than wait out the pause; one cut because another
-    coordinator took over (several addresses) is made again at once.
+    coordinator took over (several addresses) is made again at once. An
+    attempt cut either way may have been applied: unless the method is
+    read-only, it counts as answered OUTCOME_UNKNOWN (see _CutAttempt).
 
     A call's timeout bounds all its attempts together, as a Go context does,
     and a call with one is retried until it, however many attempts that
@@ -140,7 +141,7 @@ class _Retry(grpc.UnaryUnaryClientInterceptor):
 
     def intercept_unary_unary(self, continuation, details, request):  # type: ignore[override]
         if self._policy.max_attempts <= 1:
-            return continuation(self._bounded(details, details.timeout), request)
+            return self._attempt(continuation, details, details.timeout, request)
         safe = details.method in RETRIED_METHODS
         start = time.monotonic()
         deadline = None if details.timeout is None else start + details.timeout
@@ -149,11 +150,7 @@ class _Retry(grpc.UnaryUnaryClientInterceptor):
         while True:
             attempt += 1
             left = None if deadline is None else deadline - time.monotonic()
-            bounded = self._bounded(details, left)
-            began = time.monotonic()
-            call = continuation(bounded, request)
-            if bounded.timeout != left and time.monotonic() - began >= bounded.timeout:
-                call = _timed_out_as_unavailable(call)
+            call = self._attempt(continuation, details, left, request)
             if unknown is None and errors.error_reason(call) == errors.REASON_OUTCOME_UNKNOWN:
                 unknown = call
             if not _retryable(call, safe) or (attempt >= self._policy.max_attempts and not unbounded):
@@ -166,6 +163,18 @@ class _Retry(grpc.UnaryUnaryClientInterceptor):
                 return _still_unknown(unknown, call)
             _log.debug("%s: attempt %d failed (%s); retrying within %.2fs", details.method, attempt, why, wait)
             self._pause(wait)
+
+    def _attempt(self, continuation: Any, details: grpc.ClientCallDetails, left: Optional[float], request: Any) -> Any:
+        """One attempt, with the call's ``left`` seconds at most; an attempt
+        the client cut (see _CutAttempt) fails as such."""
+        bounded = self._bounded(details, left)
+        began = time.monotonic()
+        call = continuation(bounded, request)
+        if bounded.timeout != left and time.monotonic() - began >= bounded.timeout and call.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+            return _CutAttempt(details.method, "the coordinator did not answer within the attempt timeout (paused, overloaded or cut off)")
+        if call.code() == grpc.StatusCode.UNAVAILABLE and call.details() == CUT_BY_NEW_LEADER:
+            return _CutAttempt(details.method, CUT_BY_NEW_LEADER)
+        return call
 
     def _bounded(self, details: grpc.ClientCallDetails, left: Optional[float]) -> grpc.ClientCallDetails:
         """details for one attempt: the call's time left, at most the policy's
@@ -249,33 +258,25 @@ def _still_unknown(unknown: Any, call: Any) -> Any:
     return call
 
 
-class _AttemptTimedOut(grpc.RpcError, grpc.Call):  # type: ignore[misc]
-    """An attempt that ran out of the policy's attempt_timeout (not of the
-    call's own): UNAVAILABLE, so that the retry makes it again."""
+class _CutAttempt(CutCall):
+    """An attempt the client cut: it ran out of the policy's attempt_timeout
+    (not of the call's own), or another coordinator took over while it
+    waited (_leader.py). UNAVAILABLE, so that the retry makes it again. The
+    coordinator may have applied it before the cut: unless the method is
+    read-only, its outcome is unknown (reason OUTCOME_UNKNOWN), which only a
+    retry-safe method's repeat settles. As the Go client's cutStatus."""
 
-    def __init__(self, call: Any) -> None:
-        self._call = call
+    def __init__(self, method: str, why: str) -> None:
+        super().__init__(why)
+        self._unknown = method not in READ_ONLY_METHODS
 
-    def code(self) -> grpc.StatusCode:
-        return grpc.StatusCode.UNAVAILABLE
-
-    def details(self) -> str:
-        return "the coordinator did not answer within the attempt timeout (paused, overloaded or cut off)"
+    def trailing_metadata(self) -> Any:
+        if not self._unknown:
+            return ()
+        return (("grpc-status-details-bin", errors.status_details(grpc.StatusCode.UNAVAILABLE, self._why, errors.REASON_OUTCOME_UNKNOWN)),)
 
     def result(self, timeout: Optional[float] = None) -> Any:
         raise self
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._call, name)
-
-    def __str__(self) -> str:
-        return f"UNAVAILABLE: {self.details()}"
-
-
-def _timed_out_as_unavailable(call: Any) -> Any:
-    """``call``, which ran for its attempt's timeout (shorter than the time
-    the call had left), or UNAVAILABLE if it ran out of that time."""
-    return _AttemptTimedOut(call) if call.code() == grpc.StatusCode.DEADLINE_EXCEEDED else call
 
 
 def _retryable(call: Any, safe: bool) -> bool:
@@ -309,31 +310,56 @@ class Client:
         retry: RetryPolicy = DEFAULT_RETRY,
         follow_leader: bool = False,
     ) -> None:
-        self._channel = channel
         bearer = _Bearer(admin_token, run_token)
         retried = grpc.intercept_channel(channel, bearer, _Retry(retry, channel))
         once = grpc.intercept_channel(channel, bearer, _WaitForReady())
-        self.runs = run_service_pb2_grpc.RunServiceStub(retried)
-        self.workers = worker_service_pb2_grpc.WorkerServiceStub(retried)
-        # For Trainer and EnvWorker: retried until their timeout, if any,
-        # however many attempts (see _Retry).
-        self.workers_patient = worker_service_pb2_grpc.WorkerServiceStub(
-            grpc.intercept_channel(channel, bearer, _Retry(retry, channel, patient=True))
+        patient = grpc.intercept_channel(channel, bearer, _Retry(retry, channel, patient=True))
+        #: What the workers started from this client share (see _conn.py).
+        self.connection = Connection(
+            channel,
+            runs=run_service_pb2_grpc.RunServiceStub(retried),
+            workers=worker_service_pb2_grpc.WorkerServiceStub(retried),
+            # For Trainer and EnvWorker: retried until their timeout, if
+            # any, however many attempts (see _Retry).
+            workers_patient=worker_service_pb2_grpc.WorkerServiceStub(patient),
+            # For a worker's periodic calls (heartbeats, polls,
+            # re-registration): the next tick is their retry, and holding
+            # one for 20 s would delay everything behind it.
+            workers_once=worker_service_pb2_grpc.WorkerServiceStub(once),
+            run_id=run_id,
+            timeout=timeout,
+            retry=retry,
         )
-        # For a worker's periodic calls (heartbeats, polls, re-registration):
-        # the next tick is their retry, and holding one for 20 s would delay
-        # everything behind it.
-        self.workers_once = worker_service_pb2_grpc.WorkerServiceStub(once)
-        #: The run of SNAPCOORD_RUN_ID (or connect's run_id): the default of
-        #: trainer() and env_worker().
-        self.run_id = run_id
-        #: Default bound in seconds on each call with its retries; None: none.
-        self.timeout = timeout
-        self.retry = retry
+        self.runs = self.connection.runs
+        self.workers = self.connection.workers
+
+    @property
+    def run_id(self) -> str:
+        """The run of SNAPCOORD_RUN_ID (or connect's run_id): the default of
+        trainer() and env_worker()."""
+        return self.connection.run_id
+
+    @run_id.setter
+    def run_id(self, run_id: str) -> None:
+        self.connection.run_id = run_id
+
+    @property
+    def timeout(self) -> Optional[float]:
+        """Default bound in seconds on each call with its retries; None: none.
+        Its workers follow a change."""
+        return self.connection.timeout
+
+    @timeout.setter
+    def timeout(self, timeout: Optional[float]) -> None:
+        self.connection.timeout = timeout
+
+    @property
+    def retry(self) -> RetryPolicy:
+        return self.connection.retry
 
     def close(self) -> None:
         """Closes the connection."""
-        self._channel.close()
+        self.connection.channel.close()
 
     def __enter__(self) -> "Client":
         return self
@@ -344,7 +370,7 @@ class Client:
     @property
     def channel(self) -> grpc.Channel:
         """The underlying channel, e.g. for a health stub."""
-        return self._channel
+        return self.connection.channel
 
     def call(self, method: Callable[..., Any], request: Any, timeout: Optional[float] = None) -> Any:
         """Calls a unary stub method with the client's timeout, raising SnapcoordError."""
@@ -387,16 +413,12 @@ class Client:
 
     # Workers.
 
-    def trainer(self, rank: int, **kwargs: Any) -> "Trainer":
+    def trainer(self, rank: int, **kwargs: Any) -> Trainer:
         """Registers a trainer rank: see ``snapcoord.Trainer``."""
-        from snapcoord.trainer import Trainer
-
         return Trainer(self, rank, **kwargs)
 
-    def env_worker(self, name: str, **kwargs: Any) -> "EnvWorker":
+    def env_worker(self, name: str, **kwargs: Any) -> EnvWorker:
         """Registers an environment worker: see ``snapcoord.EnvWorker``."""
-        from snapcoord.env_worker import EnvWorker
-
         return EnvWorker(self, name, **kwargs)
 
 

@@ -13,7 +13,7 @@ from typing import Callable, Optional, Union, cast
 from snapcoord import _backstop, errors
 from snapcoord._retry import FOLLOW_MAX_WAIT
 from snapcoord._worker import _Handle, _Worker
-from snapcoord.client import Client
+from snapcoord._conn import Connected
 from snapcoord.types import Command, CommandKind, Outcome, RunState
 from snapcoord.v1 import worker_pb2, worker_service_pb2 as ws
 
@@ -91,7 +91,7 @@ class EnvWorker(_Handle):
 
     def __init__(
         self,
-        client: Client,
+        client: Connected,
         name: str,
         *,
         run_id: Optional[str] = None,
@@ -108,12 +108,12 @@ class EnvWorker(_Handle):
                 f"snapcoord: backstop_signal={signal.Signals(backstop_signal).name} needs the main thread "
                 "(Python installs signal handlers only there): create the EnvWorker there, or pass backstop_signal=None"
             )
-        self._c = client
+        self._c = client.connection
         self.name = name
         #: The run this worker belongs to.
-        self.run_id = run_id or client.run_id
+        self.run_id = run_id or self._c.run_id
         self._w = _Worker(
-            client,
+            self._c,
             run_id=self.run_id,
             role=worker_pb2.WORKER_ROLE_ENVIRONMENT,
             name=name,

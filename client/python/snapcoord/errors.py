@@ -185,6 +185,16 @@ def error_reason(err: grpc.RpcError) -> str:
     return ""
 
 
+def status_details(code: grpc.StatusCode, message: str, reason: str) -> bytes:
+    """The ``grpc-status-details-bin`` trailer of a status carrying the
+    coordinator's ErrorInfo ``reason``: how the client marks a status it
+    makes itself (an attempt it cut) as the coordinator would."""
+    status = _Status(code=code.value[0], message=message)
+    info = _ErrorInfo(reason=reason, domain=ERROR_DOMAIN)
+    status.details.add(type_url="type.googleapis.com/google.rpc.ErrorInfo", value=info.SerializeToString())
+    return bytes(status.SerializeToString())
+
+
 def is_superseded(err: BaseException) -> bool:
     """Whether ``err`` says another process registered under the worker's name."""
     if isinstance(err, SupersededError):

@@ -6,7 +6,7 @@ import logging
 from typing import Callable, Optional, cast
 
 from snapcoord._worker import _Handle, _Worker
-from snapcoord.client import Client
+from snapcoord._conn import Connected
 from snapcoord.types import Action, Command, CommandKind, Decision, Phase, RunState
 from snapcoord.v1 import event_pb2, worker_pb2, worker_service_pb2 as ws
 
@@ -43,7 +43,7 @@ class Trainer(_Handle):
 
     def __init__(
         self,
-        client: Client,
+        client: Connected,
         rank: int,
         *,
         run_id: Optional[str] = None,
@@ -53,13 +53,13 @@ class Trainer(_Handle):
         poll_wait: float = 30.0,
         logger: Optional[logging.Logger] = None,
     ) -> None:
-        self._c = client
+        self._c = client.connection
         self._on_publish = on_publish
         self.rank = rank
         #: The run this rank belongs to.
-        self.run_id = run_id or client.run_id
+        self.run_id = run_id or self._c.run_id
         self._w = _Worker(
-            client,
+            self._c,
             run_id=self.run_id,
             role=worker_pb2.WORKER_ROLE_TRAINER,
             name=name or f"rank-{rank}",

@@ -12,7 +12,6 @@ import pathlib
 import signal
 import socket
 import subprocess
-import sys
 import time
 from typing import Callable, Iterator, Optional
 
@@ -20,10 +19,18 @@ import grpc
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(REPO / "client" / "python"))  # usable from a checkout, uninstalled
 
-import snapcoord  # noqa: E402
-from snapcoord.v1 import run_pb2  # noqa: E402
+# The package under test is the one this Python imports: `make test-python`
+# installs client/python into a venv and runs the tests with it, as a user
+# would have it; PYTHONPATH=client/python tests the source tree instead.
+try:
+    import snapcoord
+    from snapcoord.v1 import run_pb2
+except ModuleNotFoundError as err:
+    raise ImportError(
+        f"{err}: the tests import snapcoord as installed: run them with `make test-python PYTEST_ARGS=...`, "
+        "or set PYTHONPATH=client/python to test the source tree"
+    ) from err
 
 # Short leases keep the suite fast: a worker heartbeats 4 times a second and
 # is LOST 2 s after its last one (and gets 2 s after a coordinator restart).

@@ -16,7 +16,7 @@ import threading
 from typing import Iterator, Optional
 
 import pytest
-from conftest import REPO, Coordinator, run_spec, wait_until
+from conftest import Coordinator, run_spec, wait_until
 
 import snapcoord
 from snapcoord.v1 import run_service_pb2
@@ -25,10 +25,9 @@ from snapcoord.v1 import run_service_pb2
 # as a JSON file named for it, until the Stop.
 WORKER = """
 import json, logging, os, pathlib, sys
-sys.path.insert(0, sys.argv[1])
 import snapcoord
 logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(message)s")
-addr, run_id, token, out = sys.argv[2:6]
+addr, run_id, token, out = sys.argv[1:5]
 client = snapcoord.connect(addr, plaintext=True, run_id=run_id, run_token=token, timeout=10.0, env={})
 with client.env_worker("env-0") as worker:
     print("registered", flush=True)
@@ -49,7 +48,7 @@ class WorkerProcess:
         self.stdout, self.stderr = tmp / "worker.out", tmp / "worker.err"
         script = tmp / "worker.py"
         script.write_text(WORKER)
-        args = [str(REPO / "client" / "python"), coordinator.addr, run_id, token, str(self.saved)]
+        args = [coordinator.addr, run_id, token, str(self.saved)]
         with open(self.stdout, "wb") as out, open(self.stderr, "wb") as err:
             self.proc = subprocess.Popen([sys.executable, str(script), *args], stdout=out, stderr=err, env={**os.environ, **(env or {})})
         wait_until("the worker to register", lambda: "registered" in self.out() or self.proc.poll() is not None)

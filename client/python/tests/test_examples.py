@@ -22,7 +22,6 @@ def test_examples_through_a_deadline(coordinator: Coordinator, tmp_path: pathlib
     _, token = admin.create_run("toy", run_spec(2, budget="00:00:00:06", checkpoint_prior=0.3, snapshot_prior=0.3, margin=0.3))
     env = dict(
         os.environ,
-        PYTHONPATH=str(REPO / "client" / "python"),
         SNAPCOORD_ADDR=coordinator.addr,
         SNAPCOORD_PLAINTEXT="true",
         SNAPCOORD_RUN_ID="toy",
@@ -57,7 +56,7 @@ def test_examples_through_a_deadline(coordinator: Coordinator, tmp_path: pathlib
 def test_env_worker_example_leaves_on_sigterm(coordinator: Coordinator, tmp_path: pathlib.Path) -> None:
     admin = coordinator.admin()
     _, token = admin.create_run("toy", run_spec(1, budget="00:01:00:00"))
-    env = dict(os.environ, PYTHONPATH=str(REPO / "client" / "python"), SNAPCOORD_ADDR=coordinator.addr,
+    env = dict(os.environ, SNAPCOORD_ADDR=coordinator.addr,
                SNAPCOORD_PLAINTEXT="true", SNAPCOORD_RUN_ID="toy", SNAPCOORD_RUN_TOKEN=token)  # fmt: skip
     p = subprocess.Popen([sys.executable, str(EXAMPLES / "env_worker.py"), "--name", "env-0"], env=env, text=True,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip

@@ -4,6 +4,7 @@ safe to repeat, and the repeat returns what the first attempt did."""
 
 from __future__ import annotations
 
+import signal
 import threading
 from concurrent import futures
 from typing import Any, Iterator
@@ -13,7 +14,9 @@ import pytest
 from conftest import Coordinator, free_port, run_spec
 
 import snapcoord
-from snapcoord.errors import _ErrorInfo, _Status
+from snapcoord._leader import CutCall
+from snapcoord.client import _Details, _Retry
+from snapcoord.errors import from_rpc_error, status_details
 from snapcoord.v1 import run_service_pb2
 
 
@@ -52,10 +55,7 @@ class UnknownOutcomeProxy:
             context.abort(err.code(), err.details())
         if lose:
             message = "the change was made but its commit was not confirmed (proxy)"
-            info = _ErrorInfo(reason="OUTCOME_UNKNOWN", domain="snapcoord.v1")
-            status = _Status(code=grpc.StatusCode.UNAVAILABLE.value[0], message=message)
-            status.details.add(type_url="type.googleapis.com/google.rpc.ErrorInfo", value=info.SerializeToString())
-            context.set_trailing_metadata([("grpc-status-details-bin", status.SerializeToString())])
+            context.set_trailing_metadata([("grpc-status-details-bin", status_details(grpc.StatusCode.UNAVAILABLE, message, "OUTCOME_UNKNOWN"))])
             context.abort(grpc.StatusCode.UNAVAILABLE, message)
         return answer
 
@@ -125,3 +125,45 @@ def test_unknown_outcome_is_raised_when_the_retries_settle_nothing(coordinator: 
         assert proxy.calls["CancelRun"] == 3
     proxy.down = False
     assert coordinator.admin().get_run("run-a").state == snapcoord.RunState.CANCELLED
+
+
+def test_an_attempt_cut_by_the_client_is_of_unknown_outcome_unless_read_only(coordinator: Coordinator) -> None:
+    """The coordinator freezes (SIGSTOP: a GC pause, a stuck disk) under a
+    call, and the client cuts the attempt after RetryPolicy.attempt_timeout.
+    The coordinator may have applied it before freezing: a call that may
+    change something raises OutcomeUnknownError, at once if it is not safe
+    to repeat, once its repeats settled nothing if it is; a read stays a
+    plain UnavailableError. As the Go client."""
+    coordinator.admin().create_run("run-a", run_spec(1, budget="00:01:00:00"))
+    policy = snapcoord.RetryPolicy(base_delay=0.05, max_delay=0.05, attempt_timeout=0.3)
+    with snapcoord.connect(coordinator.addr, plaintext=True, retry=policy, env={}) as c:
+        c.get_run("run-a", timeout=5.0)  # connected: the calls below reach the frozen process
+        assert coordinator.proc is not None
+        coordinator.proc.send_signal(signal.SIGSTOP)
+        try:
+            with pytest.raises(snapcoord.OutcomeUnknownError) as reissue:
+                c.call(c.runs.ReissueRunToken, run_service_pb2.ReissueRunTokenRequest(run_id="run-a"), timeout=5.0)
+            assert "attempt timeout" in reissue.value.message and reissue.value.reason == "OUTCOME_UNKNOWN"
+            with pytest.raises(snapcoord.OutcomeUnknownError):
+                c.call(c.runs.CancelRun, run_service_pb2.CancelRunRequest(run_id="run-a", reason="drain"), timeout=1.0)
+            with pytest.raises(snapcoord.UnavailableError) as read:
+                c.get_run("run-a", timeout=1.0)
+            assert not isinstance(read.value, snapcoord.OutcomeUnknownError), read.value
+        finally:
+            coordinator.proc.send_signal(signal.SIGCONT)
+
+
+def test_an_attempt_cut_by_a_new_leader_is_of_unknown_outcome_unless_read_only() -> None:
+    """Several coordinators: an attempt still waiting on the previous leader
+    when another took over is cut (_leader.py). Sent, it may have been
+    applied: the same rule as for the attempt timeout."""
+    policy = snapcoord.RetryPolicy(max_attempts=2, base_delay=0.0, max_delay=0.0)
+
+    def outcome(method: str) -> snapcoord.SnapcoordError:
+        call = _Retry(policy).intercept_unary_unary(lambda details, request: CutCall(), _Details(method, None, None, None, None, None), None)
+        return from_rpc_error(call)
+
+    for method in ("/snapcoord.v1.RunService/ReissueRunToken", "/snapcoord.v1.RunService/CancelRun", "/snapcoord.v1.WorkerService/CompleteStep"):
+        assert isinstance(outcome(method), snapcoord.OutcomeUnknownError), method
+    read = outcome("/snapcoord.v1.RunService/GetRun")
+    assert isinstance(read, snapcoord.UnavailableError) and not isinstance(read, snapcoord.OutcomeUnknownError)

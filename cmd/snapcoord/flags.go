@@ -67,6 +67,8 @@ func newServeFlags(cfg *serveConfig) *flag.FlagSet {
 	durations.Var(fs, &c.LockTimeout, "lock-timeout", def.LockTimeout, durations.Options{}, "how long to wait for another process to release the data directory")
 	fs.StringVar(&cfg.logFormat, "log-format", "text", "log `format`: text or json")
 	fs.TextVar(&cfg.logLevel, "log-level", slog.LevelInfo, "log `level`: debug, info, warn or error")
+	fs.StringVar((*string)(&c.LogCalls), "log-calls", string(def.LogCalls), "which successful calls of the fleet (steps, reports, heartbeats, polls) get an info line: slow (those slower than --slow-call) or all; other calls and failures always do, and --log-level debug shows every call")
+	durations.Var(fs, &c.SlowCall, "slow-call", def.SlowCall, durations.Options{}, "a successful call of the fleet taking this long is logged at info (0: never)")
 
 	fs.StringVar(&c.AdminTokenFile, "admin-token-file", def.AdminTokenFile, "`file` of admin tokens for RunService, one per line (several for rotation); with none here or in "+adminTokenEnv+", RunService is open")
 	fs.StringVar(&c.ViewerTokenFile, "viewer-token-file", def.ViewerTokenFile, "`file` of viewer tokens, one per line: read-only access to the status page (HTTP basic auth, the token as password); refused by the gRPC API")
@@ -166,6 +168,10 @@ func (c serveConfig) validate() error {
 		return errors.New("--client-ca (mutual TLS) needs --tls-cert and --tls-key")
 	case c.Reflection != coordinator.ReflectionAuto && c.Reflection != coordinator.ReflectionOpen && c.Reflection != coordinator.ReflectionAuth && c.Reflection != coordinator.ReflectionOff:
 		return fmt.Errorf("--reflection (%s) must be auto, open, auth or off, not %q", envName("reflection"), c.Reflection)
+	case c.LogCalls != coordinator.LogCallsSlow && c.LogCalls != coordinator.LogCallsAll:
+		return fmt.Errorf("--log-calls (%s) must be slow or all, not %q", envName("log-calls"), c.LogCalls)
+	case c.SlowCall < 0:
+		return fmt.Errorf("--slow-call (%s) must not be negative", envName("slow-call"))
 	case c.Pprof && c.MetricsListen == "":
 		return errors.New("--pprof needs --metrics-listen")
 	case c.FinishedRunRetention < 0:

@@ -189,6 +189,8 @@ func TestServeUsageErrors(t *testing.T) {
 		{"bad env duration", nil, map[string]string{"SNAPCOORD_LEASE_TTL": "soon"}, "SNAPCOORD_LEASE_TTL"},
 		{"bad log format", []string{"--log-format", "xml"}, nil, "--log-format"},
 		{"bad log level", []string{"--log-level", "loud"}, nil, "log-level"},
+		{"bad log calls", []string{"--log-calls", "some"}, nil, "--log-calls (SNAPCOORD_LOG_CALLS) must be slow or all"},
+		{"negative slow call", []string{"--slow-call", "-1s"}, nil, "--slow-call"},
 		{"lease shorter than heartbeat", []string{"--heartbeat-interval", "10s", "--lease-ttl", "5s"}, nil, "--lease-ttl"},
 		{"unknown flag", []string{"--nope"}, nil, "nope"},
 		{"stray argument", []string{"now"}, nil, `"now"`},

@@ -94,7 +94,8 @@ func LongLived(m Method) bool { return m.Facts.GetLongLived() }
 // LongPoll keeps the unary RPCs that may wait for a long time.
 func LongPoll(m Method) bool { return m.Facts.GetLongLived() && !m.Streaming }
 
-// Routine keeps the RPCs every worker calls every few seconds.
+// Routine keeps the fleet's RPCs: every worker's every few seconds, every
+// rank's at each step or save.
 func Routine(m Method) bool { return m.Facts.GetRoutine() }
 
 // ReadOnly keeps the RPCs that change nothing the coordinator keeps.

@@ -53,7 +53,7 @@ func TestSetsFromTheProto(t *testing.T) {
 		{"RetrySafe", Set(RetrySafe), []string{v1.RunService_GetRun_FullMethodName, poll}, []string{v1.RunService_ReissueRunToken_FullMethodName, stream}},
 		{"LongLived", Set(LongLived), []string{poll, stream, v1.RunService_WatchRun_FullMethodName}, []string{v1.WorkerService_Heartbeat_FullMethodName}},
 		{"LongPoll", Set(LongPoll), []string{poll}, []string{stream}},
-		{"Routine", Set(Routine), []string{poll, v1.WorkerService_Heartbeat_FullMethodName}, []string{v1.WorkerService_CompleteStep_FullMethodName}},
+		{"Routine", Set(Routine), []string{poll, v1.WorkerService_Heartbeat_FullMethodName, v1.WorkerService_CompleteStep_FullMethodName}, []string{v1.WorkerService_RegisterWorker_FullMethodName, v1.RunService_TriggerDeadline_FullMethodName}},
 	}
 	for _, c := range checks {
 		for _, m := range c.in {

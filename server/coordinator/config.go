@@ -96,11 +96,26 @@ type Config struct {
 
 	// Logger receives the coordinator's log; nil discards it.
 	Logger *slog.Logger
+	// LogCalls says which successful routine calls (the fleet's steps,
+	// reports, heartbeats and polls) are logged at info: LogCallsSlow,
+	// those slower than SlowCall, or LogCallsAll. Other calls and failures
+	// always are.
+	LogCalls LogCalls
+	SlowCall time.Duration
 	// LookupEnv reads the OTEL_* variables; nil reads none (no export).
 	LookupEnv func(string) (string, bool)
 	// ServiceVersion is reported to OpenTelemetry.
 	ServiceVersion string
 }
+
+// LogCalls is Config.LogCalls.
+type LogCalls string
+
+// Values of Config.LogCalls.
+const (
+	LogCallsSlow LogCalls = "slow"
+	LogCallsAll  LogCalls = "all"
+)
 
 // StoreKind names a store backend.
 type StoreKind string
@@ -145,16 +160,20 @@ func Defaults() Config {
 		// A dead leader is replaced within about this long; a shorter
 		// lease would depose a leader for a pause of the garbage collector
 		// or a slow etcd member.
-		ElectionTTL:              5 * time.Second,
-		LockTimeout:              time.Second,
-		DrainTimeout:             10 * time.Second,
-		HeartbeatInterval:        5 * time.Second,
-		LeaseTTL:                 15 * time.Second,
-		MaxRuns:                  10000,
-		MaxWorkersPerRun:         10000,
-		MaxEventsPerRun:          100000,
-		RunMetricsRetention:      15 * time.Minute,
-		Reflection:               ReflectionAuto,
+		ElectionTTL:         5 * time.Second,
+		LockTimeout:         time.Second,
+		DrainTimeout:        10 * time.Second,
+		HeartbeatInterval:   5 * time.Second,
+		LeaseTTL:            15 * time.Second,
+		MaxRuns:             10000,
+		MaxWorkersPerRun:    10000,
+		MaxEventsPerRun:     100000,
+		RunMetricsRetention: 15 * time.Minute,
+		Reflection:          ReflectionAuto,
+		LogCalls:            LogCallsSlow,
+		// A step or report answered in over a second is worth a line: the
+		// store or the machine is struggling.
+		SlowCall:                 time.Second,
 		CredentialsCheckInterval: 10 * time.Second,
 		MetricsListen:            "127.0.0.1:7071",
 		// The largest legitimate request (a CreateRun) is a few hundred bytes.

@@ -101,10 +101,12 @@ func (c *Coordinator) serverConfig(serveReflection bool) grpcserver.Config {
 		DisableReflection:        !serveReflection,
 		Telemetry:                c.tel.StatsHandler(),
 		Outer:                    c.x.outer,
-		Logging:                  grpcserver.Layer{Unary: telemetry.RPCLoggingUnary(c.log), Stream: telemetry.RPCLoggingStream(c.log)},
-		Gate:                     grpcserver.Layer{Unary: c.gate.UnaryServerInterceptor(), Stream: c.gate.StreamServerInterceptor()},
-		Auth:                     grpcserver.Layer{Unary: c.authn.UnaryServerInterceptor(), Stream: c.authn.StreamServerInterceptor()},
-		ServerOptions:            append(opts, c.x.server...),
+		Logging: grpcserver.Layer{
+			Unary:  telemetry.RPCLoggingUnary(c.log, telemetry.CallLog{All: c.cfg.LogCalls == LogCallsAll, Slow: c.cfg.SlowCall}),
+			Stream: telemetry.RPCLoggingStream(c.log)},
+		Gate:          grpcserver.Layer{Unary: c.gate.UnaryServerInterceptor(), Stream: c.gate.StreamServerInterceptor()},
+		Auth:          grpcserver.Layer{Unary: c.authn.UnaryServerInterceptor(), Stream: c.authn.StreamServerInterceptor()},
+		ServerOptions: append(opts, c.x.server...),
 	}
 }
 

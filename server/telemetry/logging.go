@@ -28,10 +28,12 @@ func slogLogger(l *slog.Logger) logging.Logger {
 	})
 }
 
-// routineMethods are the calls every worker makes every few seconds (declared
-// routine in the proto). Their successful lines go to debug: with thousands
-// of workers they would bury everything else at info (and cost more CPU than
-// the calls themselves); their failures keep their level.
+// routineMethods are the fleet's calls (declared routine in the proto):
+// every worker's every few seconds, every rank's at each step or save.
+// Their successful lines go to debug: with thousands of workers they would
+// bury everything else at info, and cost the coordinator more CPU than the
+// calls themselves. Failures keep their level; slow calls reach info (see
+// CallLog).
 var routineMethods = apifacts.Set(apifacts.Routine)
 
 // loggingOptions log one line per finished RPC. Payloads are never logged
@@ -66,19 +68,31 @@ func routineLevel(code codes.Code) logging.Level {
 	return rpcLevel(code)
 }
 
+// CallLog says which successful routine calls reach info (`snapcoord
+// serve --log-calls` and --slow-call). Other calls, and failures, are
+// always logged.
+type CallLog struct {
+	// All logs every successful routine call at info.
+	All bool
+	// Slow is the duration from which a successful routine call is logged
+	// at info anyway; 0: never.
+	Slow time.Duration
+}
+
 // RPCLoggingUnary logs each finished unary RPC: method, code, duration and
-// the request's run_id and worker_id.
+// the request's run_id and worker_id, except successful routine calls
+// quicker than cl.Slow, which only debug shows.
 //
 // A routine call that succeeds while debug is off would build its line only
 // for slog to drop it, and that costs a fifth of a heartbeat's CPU; so it
-// runs without the logging interceptor. If it fails, its line is written
-// through the same interceptor afterwards, with the call's own start time
-// and duration.
-func RPCLoggingUnary(l *slog.Logger) grpc.UnaryServerInterceptor {
+// runs without the logging interceptor. If it fails, or is slow, its line
+// is written through the same interceptor afterwards, with the call's own
+// start time and duration.
+func RPCLoggingUnary(l *slog.Logger, cl CallLog) grpc.UnaryServerInterceptor {
 	log := logging.UnaryServerInterceptor(slogLogger(l), loggingOptions(rpcLevel)...)
 	logRoutine := logging.UnaryServerInterceptor(slogLogger(l), loggingOptions(routineLevel)...)
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		if !routineMethods[info.FullMethod] {
+		if cl.All || !routineMethods[info.FullMethod] {
 			return log(ctx, req, info, handler)
 		}
 		if l.Enabled(ctx, slog.LevelDebug) {
@@ -86,11 +100,12 @@ func RPCLoggingUnary(l *slog.Logger) grpc.UnaryServerInterceptor {
 		}
 		start := time.Now()
 		resp, err := handler(ctx, req)
-		if err == nil {
+		took := time.Since(start)
+		if err == nil && (cl.Slow <= 0 || took < cl.Slow) {
 			return resp, nil
 		}
-		ctx = context.WithValue(ctx, timingKey{}, timing{start: start, took: time.Since(start)})
-		return logRoutine(ctx, req, info, func(context.Context, any) (any, error) { return resp, err })
+		ctx = context.WithValue(ctx, timingKey{}, timing{start: start, took: took})
+		return log(ctx, req, info, func(context.Context, any) (any, error) { return resp, err })
 	}
 }
 

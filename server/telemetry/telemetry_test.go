@@ -83,7 +83,7 @@ func serveWorkers(t *testing.T, opts ...grpc.ServerOption) (v1.WorkerServiceClie
 func TestOneLogLinePerRPCWithIDsAndNoToken(t *testing.T) {
 	logs := &logsink.Buffer{}
 	log := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	c, stop := serveWorkers(t, grpc.UnaryInterceptor(RPCLoggingUnary(log)), grpc.StreamInterceptor(RPCLoggingStream(log)))
+	c, stop := serveWorkers(t, grpc.UnaryInterceptor(RPCLoggingUnary(log, CallLog{})), grpc.StreamInterceptor(RPCLoggingStream(log)))
 	ctx := metadata.AppendToOutgoingContext(t.Context(), "authorization", "Bearer "+secret)
 
 	if _, err := c.Heartbeat(ctx, &v1.HeartbeatRequest{RunId: "run-1", WorkerId: "w-1"}); err != nil {
@@ -425,7 +425,7 @@ func TestTracesExportedWithOTLP(t *testing.T) {
 // call's), and other calls log at info.
 func TestRoutineCallsLogAtDebug(t *testing.T) {
 	var buf bytes.Buffer
-	intercept := RPCLoggingUnary(slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	intercept := RPCLoggingUnary(slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug})), CallLog{})
 	for _, c := range []struct {
 		method string
 		err    error
@@ -433,6 +433,7 @@ func TestRoutineCallsLogAtDebug(t *testing.T) {
 		{"Heartbeat", nil},
 		{"PollCommands", status.Error(codes.Unavailable, "shutting down")},
 		{"CompleteStep", nil},
+		{"RegisterWorker", nil},
 		{"Heartbeat", status.Error(codes.NotFound, "worker_id: not registered")},
 	} {
 		info := &grpc.UnaryServerInfo{FullMethod: "/snapcoord.v1.WorkerService/" + c.method}
@@ -442,23 +443,24 @@ func TestRoutineCallsLogAtDebug(t *testing.T) {
 	for _, l := range parseLines(t, buf.String()) {
 		levels = append(levels, fmt.Sprint(l["level"]))
 	}
-	if want := []string{"DEBUG", "WARN", "INFO", "INFO"}; !slices.Equal(levels, want) {
+	if want := []string{"DEBUG", "WARN", "DEBUG", "INFO", "INFO"}; !slices.Equal(levels, want) {
 		t.Fatalf("levels %v, want %v", levels, want)
 	}
 }
 
-// With debug off, a routine call that succeeds writes nothing, and one that
-// fails is logged like any other call, with its own start and duration.
-// The handlers run in a synctest bubble, so the 1.5 s poll takes no time.
-func TestRoutineCallsSkipLoggingUnlessTheyFail(t *testing.T) {
+// With debug off, a routine call that succeeds quickly writes nothing; one
+// that fails, or takes --slow-call or longer, is logged like any other
+// call, with its own start and duration. The handlers run in a synctest
+// bubble, so their seconds take no time.
+func TestRoutineCallsSkipLoggingUnlessTheyFailOrAreSlow(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var buf bytes.Buffer
-		intercept := RPCLoggingUnary(slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelInfo})))
-		call := func(method string, err error) {
+		intercept := RPCLoggingUnary(slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelInfo})), CallLog{Slow: 2 * time.Second})
+		call := func(method string, took time.Duration, err error) {
 			info := &grpc.UnaryServerInfo{FullMethod: "/snapcoord.v1.WorkerService/" + method}
 			req := &v1.PollCommandsRequest{RunId: "run-1", WorkerId: "w-1"}
 			_, got := intercept(t.Context(), req, info, func(context.Context, any) (any, error) {
-				time.Sleep(1500 * time.Millisecond)
+				time.Sleep(took)
 				return nil, err
 			})
 			if got != err {
@@ -466,21 +468,26 @@ func TestRoutineCallsSkipLoggingUnlessTheyFail(t *testing.T) {
 			}
 		}
 		start := time.Now()
-		call("Heartbeat", nil)
-		call("PollCommands", nil)
+		call("Heartbeat", 1500*time.Millisecond, nil)
+		call("PollCommands", 1500*time.Millisecond, nil)
+		call("CompleteStep", 1500*time.Millisecond, nil)
 		if buf.Len() != 0 {
-			t.Fatalf("successful routine calls logged at info:\n%s", &buf)
+			t.Fatalf("successful routine calls quicker than --slow-call logged at info:\n%s", &buf)
 		}
 		polled := time.Now()
-		call("PollCommands", status.Error(codes.Unavailable, "the coordinator is shutting down"))
+		call("PollCommands", 1500*time.Millisecond, status.Error(codes.Unavailable, "the coordinator is shutting down"))
+		call("CompleteStep", 2500*time.Millisecond, nil)
 
-		line := buf.String()
+		lines := parseLines(t, buf.String())
+		if len(lines) != 2 {
+			t.Fatalf("%d lines, want the failed poll's and the slow step's:\n%s", len(lines), &buf)
+		}
 		for _, field := range []string{`"grpc.time_ms"`, `"grpc.start_time"`} {
-			if n := strings.Count(line, field); n != 1 {
-				t.Errorf("%s appears %d times in %s", field, n, line)
+			if n := strings.Count(buf.String(), field); n != 2 {
+				t.Errorf("%s appears %d times in %s", field, n, &buf)
 			}
 		}
-		l := parseLines(t, line)[0]
+		l := lines[0]
 		if l["level"] != "WARN" || l["grpc.method"] != "PollCommands" || l["grpc.code"] != "Unavailable" || l[FieldRunID] != "run-1" || l[FieldWorkerID] != "w-1" {
 			t.Errorf("line = %v; want a WARN for PollCommands, Unavailable, run-1, w-1", l)
 		}
@@ -490,7 +497,27 @@ func TestRoutineCallsSkipLoggingUnlessTheyFail(t *testing.T) {
 		if want := polled.Format(time.RFC3339); l["grpc.start_time"] != want || !polled.After(start) {
 			t.Errorf("grpc.start_time = %v, want the call's start %s", l["grpc.start_time"], want)
 		}
+		if l := lines[1]; l["level"] != "INFO" || l["grpc.method"] != "CompleteStep" || l["grpc.code"] != "OK" || l["grpc.time_ms"] != "2500" {
+			t.Errorf("line = %v; want an INFO for the 2.5 s CompleteStep", l)
+		}
 	})
+}
+
+// --log-calls all logs every successful routine call at info.
+func TestLogCallsAllLogsRoutineSuccesses(t *testing.T) {
+	var buf bytes.Buffer
+	intercept := RPCLoggingUnary(slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelInfo})), CallLog{All: true, Slow: time.Hour})
+	for _, method := range []string{"CompleteStep", "Heartbeat", "ReportSnapshot"} {
+		info := &grpc.UnaryServerInfo{FullMethod: "/snapcoord.v1.WorkerService/" + method}
+		_, _ = intercept(t.Context(), &v1.HeartbeatRequest{}, info, func(context.Context, any) (any, error) { return nil, nil })
+	}
+	var got []string
+	for _, l := range parseLines(t, buf.String()) {
+		got = append(got, fmt.Sprint(l["level"], " ", l["grpc.method"]))
+	}
+	if want := []string{"INFO CompleteStep", "INFO Heartbeat", "INFO ReportSnapshot"}; !slices.Equal(got, want) {
+		t.Fatalf("lines %v, want %v", got, want)
+	}
 }
 
 // fakeServerStream is a server stream whose one request is req.

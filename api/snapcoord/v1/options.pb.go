@@ -104,9 +104,12 @@ type RpcFacts struct {
 	// the server ends it at shutdown with UNAVAILABLE, and the client resumes
 	// from the last sequence number it saw.
 	LongLived bool `protobuf:"varint,2,opt,name=long_lived,json=longLived,proto3" json:"long_lived,omitempty"`
-	// Called by every worker every few seconds: its successful calls are
-	// logged at debug rather than info, so that thousands of workers do not
-	// bury everything else. Failures keep their level.
+	// The fleet's traffic: called by every worker every few seconds, or by
+	// every rank or worker at each step or save. Its successful calls are
+	// logged at debug, and at info only when slower than `snapcoord serve
+	// --slow-call` (or with --log-calls all), so that thousands of workers do
+	// not bury everything else, nor spend the coordinator's CPU on lines
+	// nobody reads. Failures keep their level.
 	Routine bool `protobuf:"varint,3,opt,name=routine,proto3" json:"routine,omitempty"`
 	// The credential the call needs.
 	Credential Credential `protobuf:"varint,4,opt,name=credential,proto3,enum=snapcoord.v1.Credential" json:"credential,omitempty"`

@@ -1451,15 +1451,18 @@ const file_snapcoord_v1_worker_service_proto_rawDesc = "" +
 	"\x0fCheckpointPhase\x12 \n" +
 	"\x1cCHECKPOINT_PHASE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16CHECKPOINT_PHASE_SAVED\x10\x01\x12\x1e\n" +
-	"\x1aCHECKPOINT_PHASE_PUBLISHED\x10\x022\x9c\a\n" +
+	"\x1aCHECKPOINT_PHASE_PUBLISHED\x10\x022\xa2\a\n" +
 	"\rWorkerService\x12e\n" +
 	"\x0eRegisterWorker\x12#.snapcoord.v1.RegisterWorkerRequest\x1a$.snapcoord.v1.RegisterWorkerResponse\"\b\x82\x99\x19\x04\b\x01 \x02\x12X\n" +
 	"\tHeartbeat\x12\x1e.snapcoord.v1.HeartbeatRequest\x1a\x1f.snapcoord.v1.HeartbeatResponse\"\n" +
 	"\x82\x99\x19\x06\b\x01\x18\x01 \x02\x12k\n" +
-	"\x10DeregisterWorker\x12%.snapcoord.v1.DeregisterWorkerRequest\x1a&.snapcoord.v1.DeregisterWorkerResponse\"\b\x82\x99\x19\x04\b\x01 \x02\x12_\n" +
-	"\fCompleteStep\x12!.snapcoord.v1.CompleteStepRequest\x1a\".snapcoord.v1.CompleteStepResponse\"\b\x82\x99\x19\x04\b\x01 \x02\x12k\n" +
-	"\x10ReportCheckpoint\x12%.snapcoord.v1.ReportCheckpointRequest\x1a&.snapcoord.v1.ReportCheckpointResponse\"\b\x82\x99\x19\x04\b\x01 \x02\x12e\n" +
-	"\x0eReportSnapshot\x12#.snapcoord.v1.ReportSnapshotRequest\x1a$.snapcoord.v1.ReportSnapshotResponse\"\b\x82\x99\x19\x04\b\x01 \x02\x12V\n" +
+	"\x10DeregisterWorker\x12%.snapcoord.v1.DeregisterWorkerRequest\x1a&.snapcoord.v1.DeregisterWorkerResponse\"\b\x82\x99\x19\x04\b\x01 \x02\x12a\n" +
+	"\fCompleteStep\x12!.snapcoord.v1.CompleteStepRequest\x1a\".snapcoord.v1.CompleteStepResponse\"\n" +
+	"\x82\x99\x19\x06\b\x01\x18\x01 \x02\x12m\n" +
+	"\x10ReportCheckpoint\x12%.snapcoord.v1.ReportCheckpointRequest\x1a&.snapcoord.v1.ReportCheckpointResponse\"\n" +
+	"\x82\x99\x19\x06\b\x01\x18\x01 \x02\x12g\n" +
+	"\x0eReportSnapshot\x12#.snapcoord.v1.ReportSnapshotRequest\x1a$.snapcoord.v1.ReportSnapshotResponse\"\n" +
+	"\x82\x99\x19\x06\b\x01\x18\x01 \x02\x12V\n" +
 	"\tFinishRun\x12\x1e.snapcoord.v1.FinishRunRequest\x1a\x1f.snapcoord.v1.FinishRunResponse\"\b\x82\x99\x19\x04\b\x01 \x02\x12i\n" +
 	"\x0eStreamCommands\x12#.snapcoord.v1.StreamCommandsRequest\x1a$.snapcoord.v1.StreamCommandsResponse\"\n" +
 	"\x82\x99\x19\x06\x10\x01 \x02(\x010\x01\x12e\n" +

@@ -31,7 +31,7 @@ import (
 func TestTrainersGoOnAfterTheCoordinatorIsRestoredFromAnOlderCopy(t *testing.T) {
 	ctx := testContext(t)
 	clk := clock.NewFake(time.Now().Truncate(time.Second))
-	srv := startInproc(t, hourlyHeartbeats(clk))
+	srv := startInproc(t, hourlyHeartbeats, coordinator.WithClock(clk))
 	ranks := restoreRun(ctx, t, srv.addr, "restored", clk.Now().Add(time.Hour))
 
 	stepRanks(ctx, t, clk, ranks, 1, 3)

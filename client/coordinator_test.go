@@ -18,9 +18,9 @@ import (
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 	"github.com/snapcoord/snapcoord/client"
-	"github.com/snapcoord/snapcoord/internal/spectest"
+	"github.com/snapcoord/snapcoord/internal/testkit/coordtest"
+	"github.com/snapcoord/snapcoord/internal/testkit/spectest"
 	coord "github.com/snapcoord/snapcoord/server/coordinator"
-	"github.com/snapcoord/snapcoord/server/coordinator/coordtest"
 )
 
 // The worker helper runs goroutines; after Close none may be left.

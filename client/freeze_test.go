@@ -11,8 +11,8 @@ import (
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 	"github.com/snapcoord/snapcoord/client"
-	"github.com/snapcoord/snapcoord/internal/coordproc"
-	"github.com/snapcoord/snapcoord/internal/etcdtest"
+	"github.com/snapcoord/snapcoord/internal/testkit/coordproc"
+	"github.com/snapcoord/snapcoord/internal/testkit/etcdtest"
 )
 
 // freezeTTL is the coordinators' --election-ttl in the freeze tests: short,

@@ -4,7 +4,7 @@ import (
 	"os"
 	"testing"
 
-	"github.com/snapcoord/snapcoord/internal/coordproc"
+	"github.com/snapcoord/snapcoord/internal/testkit/coordproc"
 )
 
 // binPath is the snapcoord binary TestMain builds once for the crash tests.

@@ -9,7 +9,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/snapcoord/snapcoord/internal/coordproc"
+	"github.com/snapcoord/snapcoord/internal/testkit/coordproc"
 )
 
 // binPath is the snapcoord binary TestMain builds once for the process tests.

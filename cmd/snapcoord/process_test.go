@@ -11,7 +11,7 @@ import (
 	"time"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
-	"github.com/snapcoord/snapcoord/internal/spectest"
+	"github.com/snapcoord/snapcoord/internal/testkit/spectest"
 )
 
 func TestServeLockRestart(t *testing.T) {

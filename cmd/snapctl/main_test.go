@@ -19,9 +19,9 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/snapcoord/snapcoord/internal/coordproc"
-	"github.com/snapcoord/snapcoord/internal/logsink"
-	"github.com/snapcoord/snapcoord/internal/testpki"
+	"github.com/snapcoord/snapcoord/internal/testkit/coordproc"
+	"github.com/snapcoord/snapcoord/internal/testkit/logsink"
+	"github.com/snapcoord/snapcoord/internal/testkit/testpki"
 )
 
 // The tests run the built binaries: snapctl against a real snapcoord.

@@ -30,7 +30,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(withBinRemoved{m}) }
 type withBinRemoved struct{ *testing.M }
 
 func (m withBinRemoved) Run() int {
-	defer removeBin()
+	defer snapcoord.Remove()
 	return m.M.Run()
 }
 

@@ -8,9 +8,6 @@ import (
 )
 
 // binPath is the snapcoord binary TestMain builds once for the crash tests.
-var (
-	binPath    string
-	buildFlags []string
-)
+var binPath string
 
-func TestMain(m *testing.M) { os.Exit(coordproc.Main(m, &binPath, buildFlags...)) }
+func TestMain(m *testing.M) { os.Exit(coordproc.Main(m, &binPath)) }

@@ -13,14 +13,11 @@ import (
 )
 
 // binPath is the snapcoord binary TestMain builds once for the process tests.
-var (
-	binPath    string
-	buildFlags []string
-)
+var binPath string
 
 // serve runs in-process in most tests: once each has stopped, none of its
 // goroutines may be left (coordproc.Main checks).
-func TestMain(m *testing.M) { os.Exit(coordproc.Main(m, &binPath, buildFlags...)) }
+func TestMain(m *testing.M) { os.Exit(coordproc.Main(m, &binPath)) }
 
 // serverProc is a `snapcoord serve` process, logging JSON.
 type serverProc struct {

@@ -1,7 +1,9 @@
 // Package coordproc runs the snapcoord binary as a child process, for
-// every test and tool that drives the real binary (integration and
-// cmd/snapcoord process tests, snapbench, snapcrash, snapdemo,
-// snapuicheck): it builds the binary once, starts it on a free loopback
+// every test and tool that drives the real binary (integration, client,
+// cmd/snapcoord and cmd/snapctl tests, snapbench, snapcrash, snapdemo,
+// snapuicheck): it builds the binary once for a test package, by the one
+// rule of every Go test (-race when the tests run with -race; snapctl's
+// tests build snapctl the same way), starts it on a free loopback
 // port and a data directory with its log in a file, returns once the health
 // service reports SERVING, and stops it with SIGTERM (drain) or SIGKILL
 // (crash). It also reads the process's CPU time and resident memory from

@@ -54,10 +54,6 @@ func dial(t *testing.T, addr string) *grpc.ClientConn {
 	return conn
 }
 
-// envWithoutSnapcoord keeps the developer's SNAPCOORD_* settings out of the
-// processes under test.
-func envWithoutSnapcoord() []string { return coordproc.CleanEnv() }
-
 func lines(s string) []string {
 	var out []string
 	// Not bufio.Scanner: it stops without a word at a line over 64 KiB.

@@ -18,9 +18,9 @@ import (
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 	"github.com/snapcoord/snapcoord/client"
-	"github.com/snapcoord/snapcoord/internal/spectest"
+	"github.com/snapcoord/snapcoord/internal/testkit/coordtest"
+	"github.com/snapcoord/snapcoord/internal/testkit/spectest"
 	coord "github.com/snapcoord/snapcoord/server/coordinator"
-	"github.com/snapcoord/snapcoord/server/coordinator/coordtest"
 	"github.com/snapcoord/snapcoord/server/engine"
 	"github.com/snapcoord/snapcoord/server/grpcserver"
 )
@@ -32,7 +32,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(withBinRemoved{m}) }
 type withBinRemoved struct{ *testing.M }
 
 func (m withBinRemoved) Run() int {
-	defer removeBin()
+	defer snapcoord.Remove()
 	return m.M.Run()
 }
 

@@ -15,7 +15,7 @@ import (
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 	"github.com/snapcoord/snapcoord/client"
-	"github.com/snapcoord/snapcoord/internal/testpki"
+	"github.com/snapcoord/snapcoord/internal/testkit/testpki"
 )
 
 var fastRetry = client.WithRetry(client.RetryPolicy{MaxAttempts: 3, Base: time.Millisecond, Max: 5 * time.Millisecond})

@@ -11,7 +11,7 @@ import (
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 	"github.com/snapcoord/snapcoord/client"
-	"github.com/snapcoord/snapcoord/internal/logsink"
+	"github.com/snapcoord/snapcoord/internal/testkit/logsink"
 )
 
 // A short plan, so that a rank goes its own way in a fraction of a second.

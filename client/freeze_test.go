@@ -3,16 +3,14 @@ package client_test
 import (
 	"context"
 	"fmt"
-	"os"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 	"github.com/snapcoord/snapcoord/client"
-	"github.com/snapcoord/snapcoord/internal/coordproc"
-	"github.com/snapcoord/snapcoord/internal/etcdtest"
+	"github.com/snapcoord/snapcoord/internal/testkit/coordproc"
+	"github.com/snapcoord/snapcoord/internal/testkit/etcdtest"
 )
 
 // freezeTTL is the coordinators' --election-ttl in the freeze tests: short,
@@ -20,40 +18,15 @@ import (
 // not depose a healthy leader.
 const freezeTTL = 3 * time.Second
 
-// binDir holds the snapcoord binary, built by the first test that runs it.
-var binDir struct {
-	once sync.Once
-	dir  string
-	bin  string
-	err  error
-}
-
-func snapcoordBin(t *testing.T) string {
-	t.Helper()
-	binDir.once.Do(func() {
-		if binDir.dir, binDir.err = os.MkdirTemp("", "snapcoord-client-test-"); binDir.err == nil {
-			binDir.bin, binDir.err = coordproc.Build(binDir.dir)
-		}
-	})
-	if binDir.err != nil {
-		t.Fatal(binDir.err)
-	}
-	return binDir.bin
-}
-
-// removeBin runs after the tests (TestMain).
-func removeBin() {
-	if binDir.dir != "" {
-		os.RemoveAll(binDir.dir)
-	}
-}
+// snapcoord is the binary, built by the first test that runs it.
+var snapcoord coordproc.Lazy
 
 // startHAGroup runs n snapcoord binaries on one prefix of a real 3-member
 // etcd cluster, with freezeTTL.
 func startHAGroup(t *testing.T, n int) []*coordproc.Proc {
 	t.Helper()
 	etcd := etcdtest.Start(t, 3)
-	bin := snapcoordBin(t)
+	bin := snapcoord.Path(t)
 	procs := make([]*coordproc.Proc, n)
 	for i := range procs {
 		procs[i] = coordproc.ForTest(t, coordproc.Config{Bin: bin,

@@ -13,7 +13,7 @@ import (
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 	"github.com/snapcoord/snapcoord/client"
-	"github.com/snapcoord/snapcoord/internal/fakefollower"
+	"github.com/snapcoord/snapcoord/internal/testkit/fakefollower"
 )
 
 // freeAddr is a loopback address nothing listens on (yet).
@@ -31,7 +31,7 @@ func freeAddr(t *testing.T) string {
 }
 
 // A client given several addresses works through the one that leads: a
-// dead address and a follower (the stand-in of internal/fakefollower, until
+// dead address and a follower (the stand-in of internal/testkit/fakefollower, until
 // the HA coordinator is merged) are passed over. Health checking keeps
 // calls away from the follower altogether.
 func TestSeveralAddressesReachTheLeader(t *testing.T) {

@@ -13,7 +13,7 @@ import (
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 	"github.com/snapcoord/snapcoord/client"
-	"github.com/snapcoord/snapcoord/internal/fakefollower"
+	"github.com/snapcoord/snapcoord/internal/testkit/fakefollower"
 )
 
 // attempts records the attempts of one method, as an interceptor inside the

@@ -14,7 +14,7 @@ import (
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 	"github.com/snapcoord/snapcoord/client"
-	"github.com/snapcoord/snapcoord/internal/logsink"
+	"github.com/snapcoord/snapcoord/internal/testkit/logsink"
 	coord "github.com/snapcoord/snapcoord/server/coordinator"
 )
 

@@ -15,7 +15,7 @@ import (
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 	"github.com/snapcoord/snapcoord/client"
-	"github.com/snapcoord/snapcoord/internal/logsink"
+	"github.com/snapcoord/snapcoord/internal/testkit/logsink"
 )
 
 // The fail-safe plan of client.Trainer against the snapcoord binary: two

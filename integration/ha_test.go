@@ -14,8 +14,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
-	"github.com/snapcoord/snapcoord/internal/coordproc"
-	"github.com/snapcoord/snapcoord/internal/etcdtest"
+	"github.com/snapcoord/snapcoord/internal/testkit/coordproc"
+	"github.com/snapcoord/snapcoord/internal/testkit/etcdtest"
 )
 
 // haTTL is the coordinators' election TTL in these tests: short, so that

@@ -17,10 +17,10 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
-	"github.com/snapcoord/snapcoord/internal/coordproc"
-	"github.com/snapcoord/snapcoord/internal/logsink"
+	"github.com/snapcoord/snapcoord/internal/testkit/coordproc"
+	"github.com/snapcoord/snapcoord/internal/testkit/coordtest"
+	"github.com/snapcoord/snapcoord/internal/testkit/logsink"
 	"github.com/snapcoord/snapcoord/server/coordinator"
-	"github.com/snapcoord/snapcoord/server/coordinator/coordtest"
 )
 
 // testTimeout bounds every test: a missed wake-up or a lost command shows as

@@ -4,13 +4,10 @@ import (
 	"os"
 	"testing"
 
-	"github.com/snapcoord/snapcoord/internal/coordproc"
+	"github.com/snapcoord/snapcoord/internal/testkit/coordproc"
 )
 
 // binPath is the snapcoord binary TestMain builds once for the crash tests.
-var (
-	binPath    string
-	buildFlags []string
-)
+var binPath string
 
-func TestMain(m *testing.M) { os.Exit(coordproc.Main(m, &binPath, buildFlags...)) }
+func TestMain(m *testing.M) { os.Exit(coordproc.Main(m, &binPath)) }

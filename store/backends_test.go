@@ -12,7 +12,7 @@ import (
 	berrors "go.etcd.io/bbolt/errors"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/snapcoord/snapcoord/internal/etcdtest"
+	"github.com/snapcoord/snapcoord/internal/testkit/etcdtest"
 	"github.com/snapcoord/snapcoord/store"
 	"github.com/snapcoord/snapcoord/store/etcdstore"
 )

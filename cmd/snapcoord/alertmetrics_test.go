@@ -8,7 +8,7 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 
-	"github.com/snapcoord/snapcoord/internal/testpki"
+	"github.com/snapcoord/snapcoord/internal/testkit/testpki"
 	"github.com/snapcoord/snapcoord/server/engine"
 )
 

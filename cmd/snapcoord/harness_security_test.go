@@ -17,9 +17,9 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
-	"github.com/snapcoord/snapcoord/internal/logsink"
-	"github.com/snapcoord/snapcoord/internal/spectest"
-	"github.com/snapcoord/snapcoord/internal/testpki"
+	"github.com/snapcoord/snapcoord/internal/testkit/logsink"
+	"github.com/snapcoord/snapcoord/internal/testkit/spectest"
+	"github.com/snapcoord/snapcoord/internal/testkit/testpki"
 )
 
 // served is `snapcoord serve` run in-process on loopback ports, with

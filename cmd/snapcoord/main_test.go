@@ -9,18 +9,15 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/snapcoord/snapcoord/internal/coordproc"
+	"github.com/snapcoord/snapcoord/internal/testkit/coordproc"
 )
 
 // binPath is the snapcoord binary TestMain builds once for the process tests.
-var (
-	binPath    string
-	buildFlags []string
-)
+var binPath string
 
 // serve runs in-process in most tests: once each has stopped, none of its
 // goroutines may be left (coordproc.Main checks).
-func TestMain(m *testing.M) { os.Exit(coordproc.Main(m, &binPath, buildFlags...)) }
+func TestMain(m *testing.M) { os.Exit(coordproc.Main(m, &binPath)) }
 
 // serverProc is a `snapcoord serve` process, logging JSON.
 type serverProc struct {
@@ -56,10 +53,6 @@ func dial(t *testing.T, addr string) *grpc.ClientConn {
 	t.Cleanup(func() { _ = conn.Close() })
 	return conn
 }
-
-// envWithoutSnapcoord keeps the developer's SNAPCOORD_* settings out of the
-// processes under test.
-func envWithoutSnapcoord() []string { return coordproc.CleanEnv() }
 
 func lines(s string) []string {
 	var out []string

@@ -11,7 +11,8 @@ import (
 	"time"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
-	"github.com/snapcoord/snapcoord/internal/spectest"
+	"github.com/snapcoord/snapcoord/internal/testkit/coordproc"
+	"github.com/snapcoord/snapcoord/internal/testkit/spectest"
 )
 
 func TestServeLockRestart(t *testing.T) {
@@ -26,8 +27,11 @@ func TestServeLockRestart(t *testing.T) {
 	t.Run("second instance fails at once", func(t *testing.T) {
 		ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 		defer cancel()
-		cmd := exec.CommandContext(ctx, binPath, "serve", "--listen", "127.0.0.1:0", "--metrics-listen", "", "--data-dir", dataDir, "--lock-timeout", "300ms")
-		cmd.Env = envWithoutSnapcoord()
+		cfg := coordproc.Config{Bin: binPath, DataDir: dataDir, Args: []string{"--metrics-listen", "", "--lock-timeout", "300ms"}}
+		cmd, err := cfg.Cmd(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
 		start := time.Now()
 		out, err := cmd.CombinedOutput()
 		elapsed := time.Since(start)

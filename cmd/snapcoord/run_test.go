@@ -12,7 +12,7 @@ import (
 
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
-	"github.com/snapcoord/snapcoord/internal/logsink"
+	"github.com/snapcoord/snapcoord/internal/testkit/logsink"
 	"github.com/snapcoord/snapcoord/server/coordinator"
 )
 

@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/snapcoord/snapcoord/client"
-	"github.com/snapcoord/snapcoord/internal/testpki"
+	"github.com/snapcoord/snapcoord/internal/testkit/testpki"
 )
 
 // A flag beats its variable, and so also the variable of the flag it

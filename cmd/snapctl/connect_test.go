@@ -17,9 +17,9 @@ import (
 	"google.golang.org/grpc/status"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
-	"github.com/snapcoord/snapcoord/internal/coordproc"
-	"github.com/snapcoord/snapcoord/internal/fakefollower"
-	"github.com/snapcoord/snapcoord/internal/testpki"
+	"github.com/snapcoord/snapcoord/internal/testkit/coordproc"
+	"github.com/snapcoord/snapcoord/internal/testkit/fakefollower"
+	"github.com/snapcoord/snapcoord/internal/testkit/testpki"
 )
 
 // failFastBound is how long a connection that cannot come up may take to
@@ -392,7 +392,7 @@ func TestUnavailableAfterConnectIsRetried(t *testing.T) {
 // Given several addresses, snapctl talks to the leader among them; a list
 // of followers only, or a follower's one address, fails at once, quoting a
 // follower's answer, which names the leader the list lacks. The followers are stand-ins
-// (internal/fakefollower) answering as a coordinator that is not the
+// (internal/testkit/fakefollower) answering as a coordinator that is not the
 // leader does.
 func TestAddressListFindsTheLeader(t *testing.T) {
 	s := startServer(t)

@@ -10,9 +10,9 @@ import (
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 	"github.com/snapcoord/snapcoord/client"
-	"github.com/snapcoord/snapcoord/internal/coordproc"
-	"github.com/snapcoord/snapcoord/internal/etcdtest"
-	"github.com/snapcoord/snapcoord/internal/fakefollower"
+	"github.com/snapcoord/snapcoord/internal/testkit/coordproc"
+	"github.com/snapcoord/snapcoord/internal/testkit/etcdtest"
+	"github.com/snapcoord/snapcoord/internal/testkit/fakefollower"
 )
 
 // electionTTL is the coordinators' --election-ttl here: a failover takes

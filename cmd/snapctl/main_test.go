@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"crypto/tls"
 	"errors"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,46 +13,21 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/snapcoord/snapcoord/internal/coordproc"
-	"github.com/snapcoord/snapcoord/internal/logsink"
-	"github.com/snapcoord/snapcoord/internal/testpki"
+	"github.com/snapcoord/snapcoord/internal/testkit/coordproc"
+	"github.com/snapcoord/snapcoord/internal/testkit/logsink"
+	"github.com/snapcoord/snapcoord/internal/testkit/testpki"
 )
 
 // The tests run the built binaries: snapctl against a real snapcoord.
 var bin struct{ snapcoord, snapctl string }
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "snapctl-test-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	code := 1
-	if err := buildBinaries(dir); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-	} else if code = m.Run(); code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintf(os.Stderr, "goroutines leaked: %v\n", err)
-			code = 1
-		}
-	}
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
-
-func buildBinaries(dir string) error {
-	// go test puts its own go first on PATH.
-	out, err := exec.Command("go", "build", "-o", dir+string(filepath.Separator), ".", "../snapcoord").CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("build snapctl and snapcoord: %v\n%s", err, out)
-	}
-	bin.snapcoord, bin.snapctl = filepath.Join(dir, "snapcoord"), filepath.Join(dir, "snapctl")
-	return nil
+	os.Exit(coordproc.Main(m, &bin.snapcoord,
+		coordproc.Binary{Pkg: "github.com/snapcoord/snapcoord/cmd/snapctl", Path: &bin.snapctl}))
 }
 
 // adminToken is every test server's admin token.

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/snapcoord/snapcoord/internal/testpki"
+	"github.com/snapcoord/snapcoord/internal/testkit/testpki"
 )
 
 // concat writes the files' contents, one after the other, to dir/name.

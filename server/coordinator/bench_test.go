@@ -14,8 +14,8 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
-	"github.com/snapcoord/snapcoord/internal/spectest"
-	"github.com/snapcoord/snapcoord/server/coordinator/coordtest"
+	"github.com/snapcoord/snapcoord/internal/testkit/coordtest"
+	"github.com/snapcoord/snapcoord/internal/testkit/spectest"
 )
 
 // BenchmarkCompleteStepRPC is snapbench's CompleteStep figure in one

@@ -14,9 +14,9 @@ import (
 	"google.golang.org/grpc/status"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
-	"github.com/snapcoord/snapcoord/internal/spectest"
+	"github.com/snapcoord/snapcoord/internal/testkit/coordtest"
+	"github.com/snapcoord/snapcoord/internal/testkit/spectest"
 	"github.com/snapcoord/snapcoord/server/coordinator"
-	"github.com/snapcoord/snapcoord/server/coordinator/coordtest"
 )
 
 // Shutdown stops every loop, listener and stream the coordinator started.

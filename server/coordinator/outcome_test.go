@@ -12,10 +12,10 @@ import (
 	"google.golang.org/grpc/status"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
-	"github.com/snapcoord/snapcoord/internal/etcdtest"
-	"github.com/snapcoord/snapcoord/internal/logsink"
-	"github.com/snapcoord/snapcoord/internal/spectest"
-	"github.com/snapcoord/snapcoord/server/coordinator/coordtest"
+	"github.com/snapcoord/snapcoord/internal/testkit/coordtest"
+	"github.com/snapcoord/snapcoord/internal/testkit/etcdtest"
+	"github.com/snapcoord/snapcoord/internal/testkit/logsink"
+	"github.com/snapcoord/snapcoord/internal/testkit/spectest"
 )
 
 // reasonOf is the snapcoord ErrorInfo reason of a call's error, or "".

@@ -14,10 +14,10 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
-	"github.com/snapcoord/snapcoord/internal/spectest"
+	"github.com/snapcoord/snapcoord/internal/testkit/coordtest"
+	"github.com/snapcoord/snapcoord/internal/testkit/spectest"
 	"github.com/snapcoord/snapcoord/server/clock"
 	"github.com/snapcoord/snapcoord/server/coordinator"
-	"github.com/snapcoord/snapcoord/server/coordinator/coordtest"
 )
 
 // perRunSeries scrapes /metrics and counts the snapcoord_run_* series by

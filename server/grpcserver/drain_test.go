@@ -11,7 +11,7 @@ import (
 	"google.golang.org/grpc/stats"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
-	"github.com/snapcoord/snapcoord/internal/logsink"
+	"github.com/snapcoord/snapcoord/internal/testkit/logsink"
 )
 
 // Shutdown waits for a call from its request's arrival to the end of the

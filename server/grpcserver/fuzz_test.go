@@ -47,9 +47,9 @@ import (
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 	"github.com/snapcoord/snapcoord/internal/apifacts"
-	"github.com/snapcoord/snapcoord/internal/spectest"
+	"github.com/snapcoord/snapcoord/internal/testkit/coordtest"
+	"github.com/snapcoord/snapcoord/internal/testkit/spectest"
 	"github.com/snapcoord/snapcoord/server/coordinator"
-	"github.com/snapcoord/snapcoord/server/coordinator/coordtest"
 	"github.com/snapcoord/snapcoord/server/engine"
 	"github.com/snapcoord/snapcoord/store"
 )

@@ -14,9 +14,9 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
-	"github.com/snapcoord/snapcoord/internal/logsink"
-	"github.com/snapcoord/snapcoord/internal/spectest"
-	"github.com/snapcoord/snapcoord/server/coordinator/coordtest"
+	"github.com/snapcoord/snapcoord/internal/testkit/coordtest"
+	"github.com/snapcoord/snapcoord/internal/testkit/logsink"
+	"github.com/snapcoord/snapcoord/internal/testkit/spectest"
 	"github.com/snapcoord/snapcoord/server/grpcserver"
 )
 

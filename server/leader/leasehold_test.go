@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/snapcoord/snapcoord/internal/etcdtest"
+	"github.com/snapcoord/snapcoord/internal/testkit/etcdtest"
 )
 
 // A leader that wakes from a pause past its lease's known bound asks etcd

@@ -32,7 +32,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
-	"github.com/snapcoord/snapcoord/internal/logsink"
+	"github.com/snapcoord/snapcoord/internal/testkit/logsink"
 	"github.com/snapcoord/snapcoord/server/engine"
 )
 

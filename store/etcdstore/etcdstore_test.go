@@ -20,7 +20,7 @@ import (
 
 	storagev1 "github.com/snapcoord/snapcoord/api/snapcoord/storage/v1"
 	snapcoordv1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
-	"github.com/snapcoord/snapcoord/internal/etcdtest"
+	"github.com/snapcoord/snapcoord/internal/testkit/etcdtest"
 	"github.com/snapcoord/snapcoord/store"
 	"github.com/snapcoord/snapcoord/store/etcdstore"
 )

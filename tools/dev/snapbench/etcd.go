@@ -14,7 +14,7 @@ import (
 
 	storagev1 "github.com/snapcoord/snapcoord/api/snapcoord/storage/v1"
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
-	"github.com/snapcoord/snapcoord/internal/etcdtest"
+	"github.com/snapcoord/snapcoord/internal/testkit/etcdtest"
 )
 
 // etcdMembers is the cluster the etcd figures run on: the smallest that
@@ -22,7 +22,7 @@ import (
 const etcdMembers = 3
 
 // etcd: the coordinator with --store etcd on a 3-member cluster on
-// loopback (Debian's etcd, internal/etcdtest), each figure against raw etcd
+// loopback (Debian's etcd, internal/testkit/etcdtest), each figure against raw etcd
 // transactions of the same size from as many writers on the same cluster:
 // durable decisions (CompleteStep, 8 runs × 8 ranks: one new decision per
 // run and step) and durable reports at each --report-workers.

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
-	"github.com/snapcoord/snapcoord/internal/coordproc"
+	"github.com/snapcoord/snapcoord/internal/testkit/coordproc"
 	"github.com/snapcoord/snapcoord/server/coordinator"
 )
 

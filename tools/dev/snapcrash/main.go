@@ -43,7 +43,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/snapcoord/snapcoord/client"
-	"github.com/snapcoord/snapcoord/internal/coordproc"
+	"github.com/snapcoord/snapcoord/internal/testkit/coordproc"
 )
 
 func main() {

@@ -10,8 +10,8 @@ import (
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 	"github.com/snapcoord/snapcoord/client"
-	"github.com/snapcoord/snapcoord/internal/coordproc"
-	"github.com/snapcoord/snapcoord/internal/etcdtest"
+	"github.com/snapcoord/snapcoord/internal/testkit/coordproc"
+	"github.com/snapcoord/snapcoord/internal/testkit/etcdtest"
 )
 
 var snapcoordBin string

@@ -9,7 +9,7 @@ import (
 	"sync"
 	"syscall"
 
-	"github.com/snapcoord/snapcoord/internal/coordproc"
+	"github.com/snapcoord/snapcoord/internal/testkit/coordproc"
 )
 
 // snapctl runs snapctl against the coordinator and returns its stdout.

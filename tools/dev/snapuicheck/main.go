@@ -21,7 +21,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/snapcoord/snapcoord/internal/coordproc"
+	"github.com/snapcoord/snapcoord/internal/testkit/coordproc"
 )
 
 // adminToken and viewerToken are this check's own: the page is checked

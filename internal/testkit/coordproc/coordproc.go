@@ -1,7 +1,9 @@
 // Package coordproc runs the snapcoord binary as a child process, for
-// every test and tool that drives the real binary (integration and
-// cmd/snapcoord process tests, snapbench, snapcrash, snapdemo,
-// snapuicheck): it builds the binary once, starts it on a free loopback
+// every test and tool that drives the real binary (integration, client,
+// cmd/snapcoord and cmd/snapctl tests, snapbench, snapcrash, snapdemo,
+// snapuicheck): it builds the binary once for a test package, by the one
+// rule of every Go test (-race when the tests run with -race; snapctl's
+// tests build snapctl the same way), starts it on a free loopback
 // port and a data directory with its log in a file, returns once the health
 // service reports SERVING, and stops it with SIGTERM (drain) or SIGKILL
 // (crash). It also reads the process's CPU time and resident memory from
@@ -106,7 +108,11 @@ type Proc struct {
 // Start starts the coordinator and returns once its health service answers
 // SERVING, or with an error that quotes the end of its log.
 func Start(ctx context.Context, cfg Config) (*Proc, error) {
-	if err := cfg.fill(); err != nil {
+	if cfg.LogPath == "" {
+		return nil, errors.New("coordproc: Config.LogPath is required")
+	}
+	cmd, err := cfg.Cmd(context.Background()) // the process outlives ctx
+	if err != nil {
 		return nil, err
 	}
 	log, err := os.OpenFile(cfg.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
@@ -114,11 +120,7 @@ func Start(ctx context.Context, cfg Config) (*Proc, error) {
 		return nil, fmt.Errorf("coordinator log: %w", err)
 	}
 	defer log.Close() // the child has its own descriptor
-	p := &Proc{cfg: cfg, Addr: cfg.Addr, MetricsAddr: cfg.metricsAddr(), exited: make(chan struct{})}
-	p.cmd = exec.Command(cfg.Bin, cfg.args()...)
-	p.cmd.Env = CleanEnv(cfg.Env...)
-	// A tool that dies takes its coordinator with it.
-	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	p := &Proc{cfg: cfg, cmd: cmd, Addr: cfg.Addr, MetricsAddr: cfg.metricsAddr(), exited: make(chan struct{})}
 	p.cmd.Stdout, p.cmd.Stderr = log, log
 	// Prepared before the start so that it adds nothing to Ready.
 	creds := cfg.Creds
@@ -151,6 +153,20 @@ func Start(ctx context.Context, cfg Config) (*Proc, error) {
 	return p, nil
 }
 
+// Cmd is the process Start would run for c, not started, its output
+// not yet directed: for a test about the raw process, one that must see it
+// fail to start, say. It fills in c's defaults and free ports first.
+func (c *Config) Cmd(ctx context.Context) (*exec.Cmd, error) {
+	if err := c.fill(); err != nil {
+		return nil, err
+	}
+	cmd := exec.CommandContext(ctx, c.Bin, c.args()...)
+	cmd.Env = CleanEnv(c.Env...)
+	// A tool that dies takes its coordinator with it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	return cmd, nil
+}
+
 // fill applies the defaults and picks the free ports.
 func (c *Config) fill() error {
 	if c.StartTimeout <= 0 {
@@ -158,9 +174,6 @@ func (c *Config) fill() error {
 	}
 	if c.Command == "" {
 		c.Command = "serve"
-	}
-	if c.LogPath == "" {
-		return errors.New("coordproc: Config.LogPath is required")
 	}
 	var err error
 	if c.Addr == "" {

@@ -2,6 +2,7 @@ package coordproc
 
 import (
 	"context"
+	"debug/buildinfo"
 	"os"
 	"path/filepath"
 	"strings"
@@ -17,6 +18,25 @@ import (
 var bin string
 
 func TestMain(m *testing.M) { os.Exit(Main(m, &bin)) }
+
+// The binary under test is a race build exactly when the tests are: under
+// `make test` (go test -race) a data race in the child process fails the
+// test that started it, and a quick `go test` builds quickly.
+func TestBuildRacesWithTheTests(t *testing.T) {
+	info, err := buildinfo.ReadFile(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	race := false
+	for _, s := range info.Settings {
+		if s.Key == "-race" {
+			race = s.Value == "true"
+		}
+	}
+	if race != raceBuild {
+		t.Errorf("%s built with -race=%v, the tests with -race=%v", bin, race, raceBuild)
+	}
+}
 
 // A coordinator killed and restarted serves again on the same addresses
 // with the same data; SIGTERM then drains it and it exits 0.

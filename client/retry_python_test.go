@@ -19,26 +19,36 @@ import (
 // and the same terminal run states (the (snapcoord.v1.terminal) options).
 const pythonDir = "python"
 
-// TestPythonRetryListMatchesGo imports the Python client with the Python
+// TestPythonMethodFactsMatchGo imports the Python client with the Python
 // that runs its tests (Debian's, see scripts/deps-python.sh) and fails when
-// its RETRIED_METHODS and the retried map disagree, naming the methods only
-// one of them lists: both are read from the same proto facts, by two
-// runtimes that could read them differently.
-func TestPythonRetryListMatchesGo(t *testing.T) {
-	py := pythonList(t, "sorted(snapcoord.RETRIED_METHODS)")
-	var goList []string
-	for method, ok := range retried {
-		if ok {
-			goList = append(goList, method)
+// its lists of retried and of read-only methods and the Go client's
+// disagree, naming the methods only one of them lists: both are read from
+// the same proto facts, by two runtimes that could read them differently.
+// (A read-only method's cut attempt is a plain failure; any other's is of
+// unknown outcome.)
+func TestPythonMethodFactsMatchGo(t *testing.T) {
+	for _, c := range []struct {
+		python string
+		goSet  map[string]bool
+	}{
+		{"RETRIED_METHODS", retried},
+		{"READ_ONLY_METHODS", readOnly},
+	} {
+		py := pythonList(t, "sorted(snapcoord._retry."+c.python+")")
+		var goList []string
+		for method, ok := range c.goSet {
+			if ok {
+				goList = append(goList, method)
+			}
 		}
-	}
-	slices.Sort(goList)
-	if len(goList) == 0 {
-		t.Fatal("the Go client retries no method: the proto's retry_safe facts were not read")
-	}
-	if onlyGo, onlyPy := missing(goList, py), missing(py, goList); len(onlyGo)+len(onlyPy) > 0 {
-		t.Errorf("the Go and Python retry lists disagree:\n only in client/retry.go: %s\n only in %s: %s",
-			strings.Join(onlyGo, ", "), pythonDir, strings.Join(onlyPy, ", "))
+		slices.Sort(goList)
+		if len(goList) == 0 {
+			t.Fatalf("%s: the Go client lists no method: the proto's facts were not read", c.python)
+		}
+		if onlyGo, onlyPy := missing(goList, py), missing(py, goList); len(onlyGo)+len(onlyPy) > 0 {
+			t.Errorf("%s: the Go and Python lists disagree:\n only in client/retry.go: %s\n only in %s: %s",
+				c.python, strings.Join(onlyGo, ", "), pythonDir, strings.Join(onlyPy, ", "))
+		}
 	}
 }
 
@@ -71,7 +81,7 @@ func pythonList(t *testing.T, expr string) []string {
 	if err := exec.Command(python, "-c", "import grpc, google.protobuf").Run(); err != nil {
 		t.Skipf("%s cannot import grpc and google.protobuf (%v): run scripts/deps-python.sh", python, err)
 	}
-	cmd := exec.Command(python, "-c", "import json, snapcoord, snapcoord.types; print(json.dumps("+expr+"))")
+	cmd := exec.Command(python, "-c", "import json, snapcoord, snapcoord._retry, snapcoord.types; print(json.dumps("+expr+"))")
 	cmd.Dir = pythonDir
 	cmd.Env = append(os.Environ(), "PYTHONPATH=.", "PYTHONDONTWRITEBYTECODE=1")
 	out, err := cmd.Output()

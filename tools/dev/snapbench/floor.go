@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
@@ -23,7 +24,8 @@ import (
 
 // floorServerCmd is the hidden subcommand that serves the no-op floor: the
 // same two services as snapcoord, answered at once from memory, with a
-// bare grpc.NewServer() (no interceptors, no engine, no store). The bench
+// bare grpc.NewServer() (no interceptors, no engine, no store; only the
+// coordinator's keepalive enforcement). The bench
 // runs it as a child process like the coordinator, so both are measured
 // across the same process boundary with the same client.
 const floorServerCmd = "floor-server"
@@ -39,7 +41,11 @@ func runFloorServer(args []string) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	srv := grpc.NewServer()
+	// The coordinator's keepalive enforcement (its --keepalive-min-time
+	// default): the Go client pings every 15 s, which a bare server's
+	// default (5 min) answers with GOAWAY too_many_pings, cutting every
+	// connection of a storm that lasts longer.
+	srv := grpc.NewServer(grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}))
 	f := &floor{}
 	v1.RegisterWorkerServiceServer(srv, floorWorkers{f: f})
 	v1.RegisterRunServiceServer(srv, floorRuns{f: f})

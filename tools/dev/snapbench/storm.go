@@ -166,7 +166,14 @@ func (b *bench) stormOn(ctx context.Context, name, addr string, pid int, hook fu
 	if err != nil {
 		return nil, err
 	}
-	ranks, err := b.stormRanks(ctx, runs)
+	// The clients' warnings (a rank deciding by itself, a stream
+	// re-opened) go to a file, not into the table's way.
+	clientLog, err := os.Create(filepath.Join(b.tmp, name+"-clients.log"))
+	if err != nil {
+		return nil, err
+	}
+	defer clientLog.Close()
+	ranks, err := b.stormRanks(ctx, runs, slog.New(slog.NewTextHandler(clientLog, &slog.HandlerOptions{Level: slog.LevelWarn})))
 	defer closeRanks(ranks)
 	if err != nil {
 		return nil, err
@@ -314,9 +321,8 @@ func (sw *stormWorker) handle(ctx context.Context) func(*v1.Command) bool {
 // stormRanks starts every run's trainer ranks through the Go client, the
 // ranks of one node (--storm-ranks-per-conn) sharing its client and so
 // its connection, as the ranks of a node share their process's.
-func (b *bench) stormRanks(ctx context.Context, runs []*stormRun) ([]*stormRank, error) {
+func (b *bench) stormRanks(ctx context.Context, runs []*stormRun, logger *slog.Logger) ([]*stormRank, error) {
 	per, perConn := b.cfg.stormRanks, b.cfg.stormRanksPerConn
-	logger := slog.New(slog.NewTextHandler(b.log, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	for _, r := range runs {
 		for range (per + perConn - 1) / perConn {
 			c, err := client.Dial(r.conns.addr, client.WithInsecure(), client.WithRunToken(r.token))
@@ -542,7 +548,7 @@ func (res *stormResult) check() {
 		res.problems = append(res.problems, "for example "+strings.Join(res.stragglers, ", "))
 	}
 	if res.local > 0 {
-		res.problems = append(res.problems, fmt.Sprintf("%d steps decided by a rank itself (no answer within the fail-safe plan's W)", res.local))
+		res.problems = append(res.problems, fmt.Sprintf("%d steps decided by a rank itself (no answer within the fail-safe plan's W; the clients' log, kept with --keep, says why)", res.local))
 	}
 }
 

@@ -88,8 +88,8 @@ func checkStorm(t *testing.T, store, prefix string) {
 	if r := got[prefix+"delivered"]; !strings.Contains(r.Note, "nothing lost: all 6 ranks") || !strings.Contains(r.Note, "all 12 workers") || !strings.Contains(r.Note, "all 3 runs read back STOPPED") {
 		t.Errorf("delivered row does not say nothing was lost: %q", r.Note)
 	}
-	if _, ok := got[prefix+"cpu"]; !ok {
-		t.Errorf("no row %scpu", prefix)
+	if r, ok := got[prefix+"cpu"]; !ok || !strings.Contains(r.Note, "the load tool took") || !strings.Contains(r.Note, "goroutines waiting") {
+		t.Errorf("no row %scpu with the load tool's share and waits: %+v", prefix, r)
 	}
 }
 

@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/metrics"
 	"slices"
 	"strconv"
 	"strings"
@@ -131,6 +133,7 @@ type stormResult struct {
 	register                   time.Duration
 	cpu, self                  time.Duration // server and load tool CPU, first fire → last report acknowledged
 	busyBefore                 float64       // server cores busy from B set to the first fire
+	sched                      latency       // the load tool's scheduling latencies, first fire → last report
 	rssPeak                    int64
 	ranks, fired, saved, local int
 	workers, got, acked, stopd int
@@ -521,6 +524,10 @@ func (res *stormResult) fill(runs []*stormRun, ranks []*stormRank, workers []*st
 	res.fireSpread, res.delivered, res.durable, res.stopped = since(lastFire), since(lastGot), since(lastAck), since(lastStop)
 	if !first.IsZero() {
 		res.cpu, res.self, res.rssPeak = between(samples, first, lastAck)
+		if len(samples) > 0 {
+			i, j := bracket(samples, first, lastAck)
+			res.sched = schedWait(samples[i], samples[j])
+		}
 		before, _, _ := between(samples, bSet, first)
 		res.busyBefore = before.Seconds() / first.Sub(bSet).Seconds()
 	}
@@ -558,6 +565,7 @@ type sample struct {
 	at        time.Time
 	cpu, self time.Duration
 	rss       int64
+	sched     *metrics.Float64Histogram // the load tool's goroutine scheduling latencies so far
 }
 
 type sampler struct {
@@ -577,8 +585,10 @@ func startSampler(pid int) *sampler {
 		cpu, err1 := coordproc.ProcessCPU(pid)
 		mine, err2 := coordproc.ProcessCPU(self)
 		rss, err3 := coordproc.ProcessRSS(pid)
-		if errors.Join(err1, err2, err3) == nil {
-			s.samples = append(s.samples, sample{at: time.Now(), cpu: cpu, self: mine, rss: rss})
+		m := []metrics.Sample{{Name: schedLatencies}}
+		metrics.Read(m)
+		if errors.Join(err1, err2, err3) == nil && m[0].Value.Kind() == metrics.KindFloat64Histogram {
+			s.samples = append(s.samples, sample{at: time.Now(), cpu: cpu, self: mine, rss: rss, sched: m[0].Value.Float64Histogram()})
 		}
 	}
 	go func() {
@@ -604,14 +614,47 @@ func (s *sampler) stop() []sample {
 	return s.samples
 }
 
-// between is the server's and the load tool's CPU time from the last
-// sample at or before from to the first at or after to, and the server's
-// highest RSS in those samples.
-func between(samples []sample, from, to time.Time) (cpu, self time.Duration, rss int64) {
-	if len(samples) == 0 {
-		return 0, 0, 0
+// schedLatencies is how long the load tool's goroutines waited to run
+// once runnable: if the load tool is short of CPU, its own goroutines
+// queue, and what it measures grows with it.
+const schedLatencies = "/sched/latencies:seconds"
+
+// schedWait is the p50 and p99 of the load tool's scheduling latencies
+// between two samples.
+func schedWait(a, b sample) latency {
+	if a.sched == nil || b.sched == nil || len(a.sched.Counts) != len(b.sched.Counts) {
+		return latency{}
 	}
-	i, j := 0, len(samples)-1
+	var total uint64
+	diff := make([]uint64, len(b.sched.Counts))
+	for i := range diff {
+		diff[i] = b.sched.Counts[i] - a.sched.Counts[i]
+		total += diff[i]
+	}
+	q := func(p float64) time.Duration {
+		var seen uint64
+		for i, n := range diff {
+			seen += n
+			if float64(seen) >= p*float64(total) {
+				upper := b.sched.Buckets[i+1] // the bucket's upper bound, unless it is +Inf
+				if math.IsInf(upper, 1) {
+					upper = b.sched.Buckets[i]
+				}
+				return time.Duration(upper * float64(time.Second))
+			}
+		}
+		return 0
+	}
+	if total == 0 {
+		return latency{}
+	}
+	return latency{P50: q(0.5), P99: q(0.99)}
+}
+
+// bracket is the last sample at or before from and the first at or after
+// to.
+func bracket(samples []sample, from, to time.Time) (i, j int) {
+	i, j = 0, len(samples)-1
 	for k, s := range samples {
 		if !s.at.After(from) {
 			i = k
@@ -622,7 +665,17 @@ func between(samples []sample, from, to time.Time) (cpu, self time.Duration, rss
 			j = k
 		}
 	}
-	j = max(i, j)
+	return i, max(i, j)
+}
+
+// between is the server's and the load tool's CPU time from the last
+// sample at or before from to the first at or after to, and the server's
+// highest RSS in those samples.
+func between(samples []sample, from, to time.Time) (cpu, self time.Duration, rss int64) {
+	if len(samples) == 0 {
+		return 0, 0, 0
+	}
+	i, j := bracket(samples, from, to)
 	for _, s := range samples[i : j+1] {
 		rss = max(rss, s.rss)
 	}
@@ -672,9 +725,10 @@ func (b *bench) stormRows(store string, res, flor *stormResult) {
 	b.add(row{
 		ID: prefix + "cpu", Figure: fmt.Sprintf("deadline storm on %s: coordinator CPU, first fire → last report", on),
 		Value: res.cpu.Seconds(), Unit: "s", Floor: flor.cpu.Seconds(), FloorWhat: "no-op gRPC, the same calls",
-		Note: fmt.Sprintf("%.2f of %d cores over the %.2f s (floor %.2f); the load tool took %.0f %% of the cores meanwhile (against the floor %.0f %%); stepping before the storm kept the coordinator %.0f %% of a core busy (floor %.0f %%)",
+		Note: fmt.Sprintf("%.2f of %d cores over the %.2f s (floor %.2f); the load tool took %.0f %% of the cores meanwhile (against the floor %.0f %%), its goroutines waiting p50 %s, p99 %s ms to run (against the floor %s, %s); stepping before the storm kept the coordinator %.0f %% of a core busy (floor %.0f %%)",
 			perSec(res.cpu, res.durable), cores(), res.durable.Seconds(), perSec(flor.cpu, flor.durable),
 			100*perSec(res.self, res.durable)/float64(cores()), 100*perSec(flor.self, flor.durable)/float64(cores()),
+			fmtMS(ms(res.sched.P50)), fmtMS(ms(res.sched.P99)), fmtMS(ms(flor.sched.P50)), fmtMS(ms(flor.sched.P99)),
 			100*res.busyBefore, 100*flor.busyBefore),
 	})
 	b.add(row{

@@ -147,7 +147,6 @@ type stormResult struct {
 // coordinator, or the floor. hook starts a profile at the first fire. It
 // returns the figures, and an error when something was lost.
 func (b *bench) stormOn(ctx context.Context, name, addr string, pid int, hook func()) (*stormResult, error) {
-	cfg := b.cfg
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	admin, err := dial(addr)
@@ -189,13 +188,35 @@ func (b *bench) stormOn(ctx context.Context, name, addr string, pid int, hook fu
 	runtime.GC()
 	samp := startSampler(pid)
 	bSet := time.Now()
-	deadline := bSet.Add(cfg.stormLead)
+	deadline, err := b.stormPlay(ctx, name, admin, runs, ranks, &loops, hook)
+	cancel()
+	loops.Wait()
+	samples := samp.stop()
+	if err != nil {
+		return nil, err
+	}
+	if err := b.stormReadBack(context.WithoutCancel(ctx), admin, runs); err != nil {
+		return nil, err
+	}
+	res.fill(runs, ranks, workers, samples, bSet)
+	b.logf("  %s: first fire %.2f s before B; last report acknowledged %.2f s after the first fire; decision p99 %s ms",
+		name, deadline.Sub(firstFire(ranks)).Seconds(), res.durable.Seconds(), fmtMS(ms(summarize(res.window).P99)))
+	if len(res.problems) > 0 {
+		return res, fmt.Errorf("%s: %s (first error: %v)", name, strings.Join(res.problems, "; "), res.firstErr)
+	}
+	return res, nil
+}
+
+// stormPlay gives every run the same B, --storm-lead ahead, starts every
+// rank's loop and waits until every rank and worker is done, or until
+// --storm-timeout after B. hook runs at the first fire.
+func (b *bench) stormPlay(ctx context.Context, name string, admin *conn, runs []*stormRun, ranks []*stormRank, loops *sync.WaitGroup, hook func()) (time.Time, error) {
+	deadline := time.Now().Add(b.cfg.stormLead)
 	if err := forEach(ctx, len(runs), 16, func(ctx context.Context, i int) error {
 		_, err := admin.runs.UpdateDeadline(ctx, &v1.UpdateDeadlineRequest{RunId: runs[i].id, MustSaveBy: timestamppb.New(deadline)})
 		return err
 	}); err != nil {
-		samp.stop()
-		return nil, fmt.Errorf("UpdateDeadline: %w", err)
+		return deadline, fmt.Errorf("UpdateDeadline: %w", err)
 	}
 	var fireOnce sync.Once
 	onFire := func() {
@@ -213,23 +234,11 @@ func (b *bench) stormOn(ctx context.Context, name, addr string, pid int, hook fu
 	go func() { loops.Wait(); close(done) }()
 	select {
 	case <-done:
-	case <-time.After(time.Until(deadline.Add(cfg.stormTimeout))):
-		b.logf("  %s: not over %s after B: ending it", name, cfg.stormTimeout)
+	case <-time.After(time.Until(deadline.Add(b.cfg.stormTimeout))):
+		b.logf("  %s: not over %s after B: ending it", name, b.cfg.stormTimeout)
 	case <-ctx.Done():
 	}
-	cancel()
-	<-done
-	samples := samp.stop()
-	if err := b.stormReadBack(context.WithoutCancel(ctx), admin, runs); err != nil {
-		return nil, err
-	}
-	res.fill(runs, ranks, workers, samples, bSet)
-	b.logf("  %s: first fire %.2f s before B; last report acknowledged %.2f s after the first fire; decision p99 %s ms",
-		name, deadline.Sub(firstFire(ranks)).Seconds(), res.durable.Seconds(), fmtMS(ms(summarize(res.window).P99)))
-	if len(res.problems) > 0 {
-		return res, fmt.Errorf("%s: %s (first error: %v)", name, strings.Join(res.problems, "; "), res.firstErr)
-	}
-	return res, nil
+	return deadline, nil
 }
 
 // stormCreate creates the runs, at turn level (so the deadline goes on to

@@ -151,9 +151,25 @@ func (p *txnPlan) size() (ops, bytes int) {
 	return len(p.puts) + len(p.dels), bytes
 }
 
+// fits says whether etcd takes the txn. etcd checks a txn nested in it (a
+// put-if-absent) against --max-txn-ops minus the outer txn's operation
+// count, so with one inside, the outer txn may hold one operation fewer:
+// 128 under the default 128 is refused as "too many operations".
 func (p *txnPlan) fits(lim limits) bool {
 	ops, bytes := p.size()
+	if p.nests() {
+		ops++
+	}
 	return ops <= lim.ops && bytes <= lim.bytes
+}
+
+func (p *txnPlan) nests() bool {
+	for _, v := range p.puts {
+		if v.ifAbsent {
+			return true
+		}
+	}
+	return false
 }
 
 // ops are the txn's operations: deletes, then puts by key. No two touch

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	snapcoordv1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
+	"github.com/snapcoord/snapcoord/internal/etcdtest"
 	"github.com/snapcoord/snapcoord/store"
 )
 
@@ -66,5 +67,37 @@ func TestPlanFoldsOverlaps(t *testing.T) {
 	want := []keyRange{{runPrefix, k(3)}, {k(3) + "\x00", k(5) + "\x00"}}
 	if !slices.Equal(p.dels, want) {
 		t.Fatalf("delete ranges %q, want %q", p.dels, want)
+	}
+}
+
+// etcd checks a txn nested in another (a snapshot report's put-if-absent)
+// against --max-txn-ops minus the outer txn's operations, so a group of
+// 127 events and one report, 128 operations, is refused by etcd as "too
+// many operations" under the default 128: the plan must cut it in two.
+// Committed on a real cluster, the group is stored whole.
+func TestNestedTxnLeavesRoomUnderMaxTxnOps(t *testing.T) {
+	cli := etcdtest.Client(t, etcdtest.Shared(t, 3))
+	ctx := t.Context()
+	s, err := Open(ctx, cli, "/test/"+t.Name(), Fence{}, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	seqs := make([]int64, 127)
+	for i := range seqs {
+		seqs[i] = int64(i + 1)
+	}
+	report := &store.Batch{}
+	report.PutSnapshotReport("r", "snap-1", &snapcoordv1.SnapshotReport{WorkerId: "w"})
+	group := []*store.Batch{events("r", seqs...), report}
+	txns, err := s.planGroup(group, s.lim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(txns) != 2 {
+		t.Errorf("127 events and a report under --max-txn-ops 128: %d txns, want 2", len(txns))
+	}
+	if err := s.apply(group); err != nil {
+		t.Fatalf("apply: %v", err)
 	}
 }

@@ -37,9 +37,7 @@ func (b *bench) etcd(ctx context.Context) error {
 		return err
 	}
 	defer cli.Close()
-	flags := func(name string) []string {
-		return []string{"--store", "etcd", "--etcd-endpoints", strings.Join(cluster.Endpoints(), ","), "--etcd-prefix", "/snapbench/" + name}
-	}
+	flags := func(name string) []string { return etcdServeFlags(cluster, name) }
 	w := b.window()
 	fence, err := floorFence(ctx, cli)
 	if err != nil {
@@ -83,6 +81,12 @@ func (b *bench) etcd(ctx context.Context) error {
 		})
 	}
 	return nil
+}
+
+// etcdServeFlags has a coordinator store on the cluster, under a prefix of
+// its own.
+func etcdServeFlags(cluster *etcdtest.Cluster, name string) []string {
+	return []string{"--store", "etcd", "--etcd-endpoints", strings.Join(cluster.Endpoints(), ","), "--etcd-prefix", "/snapbench/" + name}
 }
 
 // decisionSize is what a decision writes (keys included): the step record

@@ -240,7 +240,7 @@ func (b *bench) broadcast(ctx context.Context, sp fanoutSpec) (fanoutResult, err
 		if err != nil {
 			return err
 		}
-		wg.Go(func() { s.heartbeat(tctx, w) })
+		wg.Go(func() { heartbeat(tctx, w, s.fail) })
 		wg.Go(func() { s.receive(tctx, i, w, sp.shape.poll) })
 		return nil
 	})
@@ -354,8 +354,8 @@ func (s *receivers) await(ctx context.Context, ch <-chan struct{}, timeout time.
 }
 
 // heartbeat renews the worker's lease every 5 s (the default interval),
-// starting at a random offset as a job's workers do.
-func (s *receivers) heartbeat(ctx context.Context, w *worker) {
+// starting at a random offset as a job's workers do; fail gets its errors.
+func heartbeat(ctx context.Context, w *worker, fail func(error)) {
 	first := time.Duration(rand.Int64N(int64(5 * time.Second)))
 	if !sleepCtx(ctx, first) {
 		return
@@ -364,7 +364,7 @@ func (s *receivers) heartbeat(ctx context.Context, w *worker) {
 	defer t.Stop()
 	for {
 		if _, err := w.c.workers.Heartbeat(ctx, &v1.HeartbeatRequest{RunId: w.runID, WorkerId: w.id}); err != nil && ctx.Err() == nil {
-			s.fail(fmt.Errorf("heartbeat %s: %w", w.id, err))
+			fail(fmt.Errorf("heartbeat %s: %w", w.id, err))
 		}
 		select {
 		case <-t.C:
@@ -375,16 +375,14 @@ func (s *receivers) heartbeat(ctx context.Context, w *worker) {
 }
 
 func (s *receivers) receive(ctx context.Context, i int, w *worker, poll bool) {
-	after := w.lastSeq
-	handle := func(c *v1.Command) {
-		after = c.Seq
+	err := follow(ctx, w, poll, func(c *v1.Command) bool {
 		switch k := c.Kind.(type) {
 		case *v1.Command_Snapshot:
 			_, err := w.c.workers.ReportSnapshot(ctx, &v1.ReportSnapshotRequest{RunId: w.runID, WorkerId: w.id,
 				SnapshotId: k.Snapshot.SnapshotId, Outcome: v1.SnapshotOutcome_SNAPSHOT_OUTCOME_SAVED, DurationSeconds: 0.5})
 			if err != nil {
 				s.fail(fmt.Errorf("report %s: %w", w.id, err))
-				return
+				return true
 			}
 			if s.warmed.Add(1) == int64(s.n) {
 				close(s.warm)
@@ -397,35 +395,53 @@ func (s *receivers) receive(ctx context.Context, i int, w *worker, poll bool) {
 				}
 			}
 		}
+		return false
+	})
+	if err != nil {
+		s.fail(err)
 	}
+}
+
+// follow streams (or long-polls) w's commands from where its registration
+// left it, handing each to handle, as a worker's receive loop does, until
+// handle says stop, ctx ends (both nil) or a call fails.
+func follow(ctx context.Context, w *worker, poll bool, handle func(*v1.Command) (stop bool)) error {
+	after := w.lastSeq
 	if poll {
 		for ctx.Err() == nil {
 			resp, err := w.c.workers.PollCommands(ctx, &v1.PollCommandsRequest{RunId: w.runID, WorkerId: w.id, AfterSeq: after, WaitSeconds: 30})
 			if err != nil {
-				if ctx.Err() == nil {
-					s.fail(fmt.Errorf("poll %s: %w", w.id, err))
-				}
-				return
+				return ignoreEnded(ctx, fmt.Errorf("poll %s: %w", w.id, err))
 			}
 			for _, c := range resp.Commands {
-				handle(c)
+				after = c.Seq
+				if handle(c) {
+					return nil
+				}
 			}
 		}
-		return
+		return nil
 	}
 	stream, err := w.c.workers.StreamCommands(ctx, &v1.StreamCommandsRequest{RunId: w.runID, WorkerId: w.id, AfterSeq: after})
 	if err != nil {
-		s.fail(fmt.Errorf("stream %s: %w", w.id, err))
-		return
+		return ignoreEnded(ctx, fmt.Errorf("stream %s: %w", w.id, err))
 	}
 	for {
 		msg, err := stream.Recv()
 		if err != nil {
-			if ctx.Err() == nil {
-				s.fail(fmt.Errorf("stream %s: %w", w.id, err))
-			}
-			return
+			return ignoreEnded(ctx, fmt.Errorf("stream %s: %w", w.id, err))
 		}
-		handle(msg.Command)
+		if handle(msg.Command) {
+			return nil
+		}
 	}
+}
+
+// ignoreEnded is err unless ctx ended: a call cut by the end of the
+// measurement is no failure.
+func ignoreEnded(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
 }

@@ -13,7 +13,10 @@
 //  6. restart time to SERVING with many runs, workers and events stored;
 //  7. on etcd (--store etcd, a 3-member cluster on loopback): durable
 //     decisions and durable reports, against raw etcd transactions of the
-//     same size.
+//     same size;
+//  8. the deadline storm (--storm alone): many runs with the same B firing
+//     within seconds, on bbolt and on etcd, against the same calls to the
+//     no-op service.
 //
 // The coordinator is the real `snapcoord serve` binary in a child process on
 // a temporary data directory, with its default flags except a long lease (so
@@ -25,6 +28,7 @@
 // Usage:
 //
 //	snapbench --snapcoord bin/snapcoord [--json] [--only steps,reports,...] [flags]
+//	snapbench --snapcoord bin/snapcoord --storm [--storm-runs 200] [flags]
 package main
 
 import (
@@ -75,9 +79,15 @@ type config struct {
 	restartWorkers      int
 	restartSteps        int
 	restartRepeat       int
+
+	stormRuns, stormRanks, stormWorkers    int
+	stormRanksPerConn, stormWorkersPerConn int
+	stormStep, stormSave                   span
+	stormLead, stormMargin, stormTimeout   time.Duration
+	stormStores                            []string
 }
 
-var phases = []string{"steps", "reports", "fanout", "heartbeats", "restart", "etcd"}
+var phases = []string{"steps", "reports", "fanout", "heartbeats", "restart", "etcd", "storm"}
 
 func parseFlags(args []string, stderr io.Writer) (config, error) {
 	var cfg config
@@ -105,7 +115,25 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.IntVar(&cfg.restartWorkers, "restart-workers", 100, "workers per run for the restart figure")
 	fs.IntVar(&cfg.restartSteps, "restart-steps", 10, "completed steps per run for the restart figure")
 	fs.IntVar(&cfg.restartRepeat, "restart-repeat", 3, "restarts measured (the median is reported)")
+	storm := fs.Bool("storm", false, "run the deadline storm alone (--only storm)")
+	fs.IntVar(&cfg.stormRuns, "storm-runs", 200, "storm: runs, all with the same B")
+	fs.IntVar(&cfg.stormRanks, "storm-ranks", 8, "storm: trainer ranks per run, through the Go client")
+	fs.IntVar(&cfg.stormWorkers, "storm-workers", 50, "storm: environment workers per run, streaming")
+	fs.IntVar(&cfg.stormRanksPerConn, "storm-ranks-per-conn", 8, "storm: ranks sharing a client and its connection (the ranks of one node)")
+	fs.IntVar(&cfg.stormWorkersPerConn, "storm-workers-per-conn", 10, "storm: environment workers sharing a connection (a node's sidecar)")
+	step := fs.String("storm-step", "500ms-2s", "storm: each run's step time is drawn from this `range`; each rank's step ends up to a tenth of it later")
+	save := fs.String("storm-save", "100ms-1s", "storm: each rank's checkpoint and each worker's snapshot takes a time drawn from this `range`")
+	fs.DurationVar(&cfg.stormLead, "storm-lead", 15*time.Second, "storm: B is set this far ahead once every rank and worker registered")
+	fs.DurationVar(&cfg.stormMargin, "storm-margin", 5*time.Second, "storm: each run's margin M, the slack its deadline save has before B")
+	fs.DurationVar(&cfg.stormTimeout, "storm-timeout", time.Minute, "storm: how long after B every run must have stopped")
+	stores := fs.String("storm-stores", "bbolt,etcd", "storm: the coordinator's stores to run it on, comma-separated: bbolt, etcd")
 	if err := fs.Parse(args); err != nil {
+		return cfg, err
+	}
+	if *storm {
+		*only = "storm"
+	}
+	if err := cfg.parseStorm(*step, *save, *stores); err != nil {
 		return cfg, err
 	}
 	if fs.NArg() > 0 {
@@ -139,6 +167,35 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		return cfg, errors.New("--restart-runs, --restart-workers and --restart-repeat must be positive, --restart-steps not negative")
 	}
 	return cfg, nil
+}
+
+func (cfg *config) parseStorm(step, save, stores string) error {
+	var err1, err2 error
+	cfg.stormStep, err1 = parseSpan(step)
+	cfg.stormSave, err2 = parseSpan(save)
+	switch {
+	case err1 != nil:
+		return fmt.Errorf("--storm-step: %w", err1)
+	case err2 != nil:
+		return fmt.Errorf("--storm-save: %w", err2)
+	case cfg.stormStep.lo <= 0:
+		return errors.New("--storm-step must be positive")
+	case cfg.stormRuns < 1 || cfg.stormRanks < 1 || cfg.stormWorkers < 1 || cfg.stormRanksPerConn < 1 || cfg.stormWorkersPerConn < 1:
+		return errors.New("--storm-runs, --storm-ranks, --storm-workers, --storm-ranks-per-conn and --storm-workers-per-conn must be positive")
+	case cfg.stormLead <= 0 || cfg.stormTimeout <= 0 || cfg.stormMargin < 0:
+		return errors.New("--storm-lead and --storm-timeout must be positive, --storm-margin not negative")
+	}
+	cfg.stormStores = nil
+	for s := range strings.SplitSeq(stores, ",") {
+		switch s = strings.TrimSpace(s); s {
+		case "bbolt", "etcd":
+			cfg.stormStores = append(cfg.stormStores, s)
+		case "":
+		default:
+			return fmt.Errorf("--storm-stores: unknown store %q (bbolt, etcd)", s)
+		}
+	}
+	return nil
 }
 
 func contains(list []string, s string) bool {
@@ -251,6 +308,7 @@ func (b *bench) runPhases(ctx context.Context) error {
 		{"heartbeats", b.heartbeats},
 		{"restart", b.restart},
 		{"etcd", b.etcd},
+		{"storm", b.storm},
 	}
 	for _, s := range steps {
 		if !b.cfg.only[s.name] {

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"os"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -52,6 +54,56 @@ func TestEtcdPhaseAtToySizes(t *testing.T) {
 	got := rowsOf(t, code, &stdout, &stderr, "etcd_decisions", "etcd_reports_1", "etcd_reports_4")
 	if r := got["etcd_decisions"]; r.Lat == nil || r.FloorLat == nil || r.FloorLat.P50 <= 0 {
 		t.Errorf("etcd decisions row has no latencies: %+v", r)
+	}
+}
+
+// stormToy is the storm at a toy size: 3 runs × 2 ranks × 4 workers, two
+// workers a connection, short steps and saves, B 3 s after registration.
+var stormToy = []string{"--storm", "--storm-runs", "3", "--storm-ranks", "2", "--storm-workers", "4",
+	"--storm-ranks-per-conn", "2", "--storm-workers-per-conn", "2", "--storm-step", "100ms-300ms", "--storm-save", "0s-100ms",
+	"--storm-lead", "3s", "--storm-margin", "500ms", "--storm-timeout", "10s"}
+
+// The storm at a toy size on bbolt, against the real binary and the
+// floor: it exits 0 only if every rank was told to save and every worker
+// got SaveAtDeadline, had its report acknowledged and was told to stop,
+// and every run reads back STOPPED; each figure is there with its floor.
+func TestStormAtToySize(t *testing.T) {
+	checkStorm(t, "bbolt", "storm_")
+}
+
+// The same on a 3-member etcd cluster.
+func TestStormOnEtcdAtToySize(t *testing.T) {
+	etcdtest.Require(t)
+	checkStorm(t, "etcd", "etcd_storm_")
+}
+
+func checkStorm(t *testing.T, store, prefix string) {
+	var stdout, stderr bytes.Buffer
+	args := append([]string{"--snapcoord", snapcoordBin, "--json", "--dir", t.TempDir(), "--storm-stores", store}, stormToy...)
+	code := run(t.Context(), args, &stdout, &stderr)
+	got := rowsOf(t, code, &stdout, &stderr, prefix+"decisions", prefix+"delivered", prefix+"durable", prefix+"rss")
+	if r := got[prefix+"decisions"]; r.Lat == nil || r.Lat.P99 <= 0 || r.FloorLat == nil || r.FloorLat.P99 <= 0 {
+		t.Errorf("decisions row has no latencies: %+v", r)
+	}
+	if r := got[prefix+"delivered"]; !strings.Contains(r.Note, "nothing lost: all 6 ranks") || !strings.Contains(r.Note, "all 12 workers") || !strings.Contains(r.Note, "all 3 runs read back STOPPED") {
+		t.Errorf("delivered row does not say nothing was lost: %q", r.Note)
+	}
+	if r, ok := got[prefix+"cpu"]; !ok || !strings.Contains(r.Note, "the load tool took") || !strings.Contains(r.Note, "goroutines waiting") {
+		t.Errorf("no row %scpu with the load tool's share and waits: %+v", prefix, r)
+	}
+}
+
+// What the storm lost is named, so that the tool can exit non-zero on it.
+func TestStormCheckNamesWhatWasLost(t *testing.T) {
+	res := &stormResult{runs: 3, ranks: 6, fired: 6, saved: 6, workers: 12, got: 12, acked: 11, stopd: 11, stoppedRuns: 2}
+	res.check()
+	want := []string{"11 of 12 workers' snapshot reports acknowledged", "11 of 12 workers told Stop", "2 of 3 runs read back STOPPED at the step their ranks saved"}
+	if !slices.Equal(res.problems, want) {
+		t.Errorf("problems = %q, want %q", res.problems, want)
+	}
+	whole := &stormResult{runs: 3, ranks: 6, fired: 6, saved: 6, workers: 12, got: 12, acked: 12, stopd: 12, stoppedRuns: 3}
+	if whole.check(); len(whole.problems) != 0 {
+		t.Errorf("nothing lost, yet problems = %q", whole.problems)
 	}
 }
 

@@ -80,6 +80,9 @@ func (b *bench) report() report {
 		"step_runs": c.stepRuns, "step_ranks": c.stepRanks, "report_workers": c.reportWorkers,
 		"fanout_workers": c.fanoutWorkers, "workers_per_conn": c.workersPerConn, "node_workers_per_conn": c.nodeWorkersPerConn, "heartbeat_workers": c.heartbeatWorkers,
 		"restart_runs": c.restartRuns, "restart_workers_per_run": c.restartWorkers, "restart_steps": c.restartSteps,
+		"storm_runs": c.stormRuns, "storm_ranks": c.stormRanks, "storm_workers": c.stormWorkers,
+		"storm_ranks_per_conn": c.stormRanksPerConn, "storm_workers_per_conn": c.stormWorkersPerConn,
+		"storm_step": c.stormStep.String(), "storm_save": c.stormSave.String(), "storm_lead": c.stormLead.String(), "storm_margin": c.stormMargin.String(), "storm_stores": c.stormStores,
 		"serve_args": c.serveArgs, "pprof": c.pprofDir != "",
 	}
 	return r
@@ -143,6 +146,8 @@ func fmtValue(v float64, unit string) string {
 		return fmt.Sprintf("%.3f s", v)
 	case "ms":
 		return fmt.Sprintf("%s ms", fmtMS(v))
+	case "MiB":
+		return fmt.Sprintf("%.0f MiB", v)
 	case "%":
 		return fmt.Sprintf("%.1f %%", v)
 	}

@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	snapcoordv1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
-	"github.com/snapcoord/snapcoord/internal/etcdtest"
+	"github.com/snapcoord/snapcoord/internal/testkit/etcdtest"
 	"github.com/snapcoord/snapcoord/store"
 )
 

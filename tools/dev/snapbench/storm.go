@@ -21,8 +21,8 @@ import (
 
 	v1 "github.com/snapcoord/snapcoord/api/snapcoord/v1"
 	"github.com/snapcoord/snapcoord/client"
-	"github.com/snapcoord/snapcoord/internal/coordproc"
-	"github.com/snapcoord/snapcoord/internal/etcdtest"
+	"github.com/snapcoord/snapcoord/internal/testkit/coordproc"
+	"github.com/snapcoord/snapcoord/internal/testkit/etcdtest"
 )
 
 // storm: a cluster's worst minute (issue #26). N runs with the same B,

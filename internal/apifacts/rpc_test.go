@@ -34,8 +34,8 @@ func TestFactsAreDeclaredConsistently(t *testing.T) {
 		if m.Facts.GetCredential() == v1.Credential_CREDENTIAL_UNSPECIFIED {
 			t.Errorf("%s: declares no credential", m.FullMethod)
 		}
-		if m.Streaming && (m.Facts.GetRetrySafe() || m.Facts.GetRoutine()) {
-			t.Errorf("%s: a stream declared retry_safe or routine: it is neither re-sent nor logged as routine", m.FullMethod)
+		if m.Streaming && m.Facts.GetRetrySafe() {
+			t.Errorf("%s: a stream declared retry_safe: it is never re-sent", m.FullMethod)
 		}
 	}
 }

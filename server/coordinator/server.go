@@ -103,7 +103,7 @@ func (c *Coordinator) serverConfig(serveReflection bool) grpcserver.Config {
 		Outer:                    c.x.outer,
 		Logging: grpcserver.Layer{
 			Unary:  telemetry.RPCLoggingUnary(c.log, telemetry.CallLog{All: c.cfg.LogCalls == LogCallsAll, Slow: c.cfg.SlowCall}),
-			Stream: telemetry.RPCLoggingStream(c.log)},
+			Stream: telemetry.RPCLoggingStream(c.log, telemetry.CallLog{All: c.cfg.LogCalls == LogCallsAll})},
 		Gate:          grpcserver.Layer{Unary: c.gate.UnaryServerInterceptor(), Stream: c.gate.StreamServerInterceptor()},
 		Auth:          grpcserver.Layer{Unary: c.authn.UnaryServerInterceptor(), Stream: c.authn.StreamServerInterceptor()},
 		ServerOptions: append(opts, c.x.server...),

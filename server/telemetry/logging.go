@@ -140,15 +140,27 @@ func replayedFields(ctx context.Context) logging.Fields {
 // stream, the interceptor would hold its fields and wrappers for the
 // stream's whole life: about 1 KiB of heap for each of thousands of parked
 // command streams, which the garbage collector's headroom roughly doubles.
-func RPCLoggingStream(l *slog.Logger) grpc.StreamServerInterceptor {
+//
+// A routine stream (every worker's command stream) that ends well is
+// logged at debug, unless cl.All: thousands end together when their runs
+// stop.
+func RPCLoggingStream(l *slog.Logger, cl CallLog) grpc.StreamServerInterceptor {
 	log := logging.StreamServerInterceptor(slogLogger(l), loggingOptions(rpcLevel)...)
+	logRoutine := logging.StreamServerInterceptor(slogLogger(l), loggingOptions(routineLevel)...)
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 		start := time.Now()
 		rs := &firstRequestStream{ServerStream: ss}
 		err := handler(srv, rs)
+		write := log
+		if !cl.All && routineMethods[info.FullMethod] {
+			if err == nil && !l.Enabled(ss.Context(), slog.LevelDebug) {
+				return nil
+			}
+			write = logRoutine
+		}
 		t := timing{start: start, took: time.Since(start), fields: rs.fields}
 		ended := &contextStream{ServerStream: ss, ctx: context.WithValue(ss.Context(), timingKey{}, t)}
-		return log(srv, ended, info, func(any, grpc.ServerStream) error { return err })
+		return write(srv, ended, info, func(any, grpc.ServerStream) error { return err })
 	}
 }
 

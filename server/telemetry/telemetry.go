@@ -78,6 +78,13 @@ func New(ctx context.Context, opts Options) (*Telemetry, error) {
 		return nil, err
 	}
 	t := &Telemetry{log: opts.Logger, metrics: m, tracing: tr}
+	if !tr.exported {
+		if t.stats, err = newRPCMetrics(m.provider.Meter(scope)); err != nil {
+			_ = m.provider.Shutdown(ctx)
+			return nil, fmt.Errorf("telemetry: create RPC metrics: %w", err)
+		}
+		return t, nil
+	}
 	t.stats = rpcSpans{otelgrpc.NewServerHandler(
 		otelgrpc.WithTracerProvider(tr.provider),
 		otelgrpc.WithMeterProvider(m.provider),
@@ -103,9 +110,10 @@ func newResource(ctx context.Context, version string) (*resource.Resource, error
 	return res, nil
 }
 
-// StatsHandler is otelgrpc's server handler: a span per RPC (exported only
-// when traces are; it names the request's run and worker) and the
-// rpc.server.* metrics. Install it with grpc.StatsHandler.
+// StatsHandler records the rpc.server.call.duration metric of every RPC
+// and, when traces are exported, is otelgrpc's server handler, with a span
+// per RPC that names the request's run and worker. Install it with
+// grpc.StatsHandler.
 func (t *Telemetry) StatsHandler() stats.Handler { return t.stats }
 
 // TracesExported reports whether spans leave the process.

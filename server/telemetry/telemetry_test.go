@@ -83,7 +83,7 @@ func serveWorkers(t *testing.T, opts ...grpc.ServerOption) (v1.WorkerServiceClie
 func TestOneLogLinePerRPCWithIDsAndNoToken(t *testing.T) {
 	logs := &logsink.Buffer{}
 	log := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	c, stop := serveWorkers(t, grpc.UnaryInterceptor(RPCLoggingUnary(log, CallLog{})), grpc.StreamInterceptor(RPCLoggingStream(log)))
+	c, stop := serveWorkers(t, grpc.UnaryInterceptor(RPCLoggingUnary(log, CallLog{})), grpc.StreamInterceptor(RPCLoggingStream(log, CallLog{})))
 	ctx := metadata.AppendToOutgoingContext(t.Context(), "authorization", "Bearer "+secret)
 
 	if _, err := c.Heartbeat(ctx, &v1.HeartbeatRequest{RunId: "run-1", WorkerId: "w-1"}); err != nil {
@@ -540,7 +540,7 @@ func (s *fakeServerStream) RecvMsg(m any) error {
 func TestStreamLoggedWhenItEnds(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var buf bytes.Buffer
-		intercept := RPCLoggingStream(slog.New(slog.NewJSONHandler(&buf, nil)))
+		intercept := RPCLoggingStream(slog.New(slog.NewJSONHandler(&buf, nil)), CallLog{})
 		info := &grpc.StreamServerInfo{FullMethod: "/snapcoord.v1.WorkerService/StreamCommands", IsServerStream: true}
 		ss := &fakeServerStream{ctx: t.Context(), req: &v1.StreamCommandsRequest{RunId: "run-1", WorkerId: "w-1"}}
 		start := time.Now()
@@ -570,4 +570,30 @@ func TestStreamLoggedWhenItEnds(t *testing.T) {
 			t.Errorf("grpc.time_ms %v, grpc.start_time %v; want the stream's 2500 and %s", l["grpc.time_ms"], l["grpc.start_time"], start.Format(time.RFC3339))
 		}
 	})
+}
+
+// Every worker's command stream ends when its run stops, thousands at
+// once: one that ends well is not logged at info (unless --log-calls all);
+// an operator's WatchRun is.
+func TestRoutineStreamsThatEndWellAreQuiet(t *testing.T) {
+	for _, c := range []struct {
+		method string
+		all    bool
+		lines  int
+	}{
+		{"/snapcoord.v1.WorkerService/StreamCommands", false, 0},
+		{"/snapcoord.v1.WorkerService/StreamCommands", true, 1},
+		{"/snapcoord.v1.RunService/WatchRun", false, 1},
+	} {
+		var buf bytes.Buffer
+		intercept := RPCLoggingStream(slog.New(slog.NewJSONHandler(&buf, nil)), CallLog{All: c.all})
+		ss := &fakeServerStream{ctx: t.Context(), req: &v1.StreamCommandsRequest{RunId: "run-1"}}
+		err := intercept(nil, ss, &grpc.StreamServerInfo{FullMethod: c.method, IsServerStream: true}, func(any, grpc.ServerStream) error { return nil })
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := len(parseLines(t, buf.String())); n != c.lines {
+			t.Errorf("%s (all %v) ending OK: %d lines at info, want %d:\n%s", c.method, c.all, n, c.lines, &buf)
+		}
+	}
 }

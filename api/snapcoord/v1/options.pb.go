@@ -105,7 +105,8 @@ type RpcFacts struct {
 	// from the last sequence number it saw.
 	LongLived bool `protobuf:"varint,2,opt,name=long_lived,json=longLived,proto3" json:"long_lived,omitempty"`
 	// The fleet's traffic: called by every worker every few seconds, or by
-	// every rank or worker at each step or save. Its successful calls are
+	// every rank or worker at each step or save, or a stream every worker
+	// holds. Its successful calls are
 	// logged at debug, and at info only when slower than `snapcoord serve
 	// --slow-call` (or with --log-calls all), so that thousands of workers do
 	// not bury everything else, nor spend the coordinator's CPU on lines

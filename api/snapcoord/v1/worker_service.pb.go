@@ -1451,7 +1451,7 @@ const file_snapcoord_v1_worker_service_proto_rawDesc = "" +
 	"\x0fCheckpointPhase\x12 \n" +
 	"\x1cCHECKPOINT_PHASE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16CHECKPOINT_PHASE_SAVED\x10\x01\x12\x1e\n" +
-	"\x1aCHECKPOINT_PHASE_PUBLISHED\x10\x022\xa2\a\n" +
+	"\x1aCHECKPOINT_PHASE_PUBLISHED\x10\x022\xa4\a\n" +
 	"\rWorkerService\x12e\n" +
 	"\x0eRegisterWorker\x12#.snapcoord.v1.RegisterWorkerRequest\x1a$.snapcoord.v1.RegisterWorkerResponse\"\b\x82\x99\x19\x04\b\x01 \x02\x12X\n" +
 	"\tHeartbeat\x12\x1e.snapcoord.v1.HeartbeatRequest\x1a\x1f.snapcoord.v1.HeartbeatResponse\"\n" +
@@ -1463,9 +1463,8 @@ const file_snapcoord_v1_worker_service_proto_rawDesc = "" +
 	"\x82\x99\x19\x06\b\x01\x18\x01 \x02\x12g\n" +
 	"\x0eReportSnapshot\x12#.snapcoord.v1.ReportSnapshotRequest\x1a$.snapcoord.v1.ReportSnapshotResponse\"\n" +
 	"\x82\x99\x19\x06\b\x01\x18\x01 \x02\x12V\n" +
-	"\tFinishRun\x12\x1e.snapcoord.v1.FinishRunRequest\x1a\x1f.snapcoord.v1.FinishRunResponse\"\b\x82\x99\x19\x04\b\x01 \x02\x12i\n" +
-	"\x0eStreamCommands\x12#.snapcoord.v1.StreamCommandsRequest\x1a$.snapcoord.v1.StreamCommandsResponse\"\n" +
-	"\x82\x99\x19\x06\x10\x01 \x02(\x010\x01\x12e\n" +
+	"\tFinishRun\x12\x1e.snapcoord.v1.FinishRunRequest\x1a\x1f.snapcoord.v1.FinishRunResponse\"\b\x82\x99\x19\x04\b\x01 \x02\x12k\n" +
+	"\x0eStreamCommands\x12#.snapcoord.v1.StreamCommandsRequest\x1a$.snapcoord.v1.StreamCommandsResponse\"\f\x82\x99\x19\b\x10\x01\x18\x01 \x02(\x010\x01\x12e\n" +
 	"\fPollCommands\x12!.snapcoord.v1.PollCommandsRequest\x1a\".snapcoord.v1.PollCommandsResponse\"\x0e\x82\x99\x19\n" +
 	"\b\x01\x10\x01\x18\x01 \x02(\x01B\xb4\x01\n" +
 	"\x10com.snapcoord.v1B\x12WorkerServiceProtoP\x01Z;github.com/snapcoord/snapcoord/api/snapcoord/v1;snapcoordv1\xa2\x02\x03SXX\xaa\x02\fSnapcoord.V1\xca\x02\fSnapcoord\\V1\xe2\x02\x18Snapcoord\\V1\\GPBMetadata\xea\x02\rSnapcoord::V1b\x06proto3"

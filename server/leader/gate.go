@@ -209,9 +209,17 @@ func (t *term) bindCommandStream(parent context.Context) (context.Context, func(
 }
 
 // confirmed reports whether the term is held now: known to be, or
-// confirmed by the store (see Hold).
+// confirmed by the store (see Hold), which it asks until ctx or the term
+// ends: a command stream's ctx does not end with the term (see
+// bindCommandStream), and StepDown waits for the calls of its term.
 func (t *term) confirmed(ctx context.Context) bool {
-	return t.hold == nil || t.hold.Held() || t.hold.Confirm(ctx)
+	if t.hold == nil || t.hold.Held() {
+		return true
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(t.ctx, cancel)()
+	return t.hold.Confirm(ctx)
 }
 
 // over reports whether the term ended, or is ending because the store

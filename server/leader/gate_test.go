@@ -202,6 +202,45 @@ func TestCommandStreamEndsWithTheTerm(t *testing.T) {
 	}
 }
 
+// A command stream that arrives while the term is in doubt waits for the
+// store to confirm it; when the term ends meanwhile, the stream is refused
+// NOT_LEADER and StepDown returns, though nothing else ends that wait.
+func TestCommandStreamConfirmingEndsWithTheTerm(t *testing.T) {
+	g := New(func(bool) {})
+	hold := &askedHold{asked: make(chan struct{})}
+	g.Lead(newEngine(t), "10.0.0.1:7070", hold)
+	errc := make(chan error, 1)
+	info := &grpc.StreamServerInfo{FullMethod: v1.WorkerService_StreamCommands_FullMethodName, IsServerStream: true}
+	go func() {
+		errc <- g.StreamServerInterceptor()(nil, fakeStream{ctx: context.Background()}, info, func(any, grpc.ServerStream) error {
+			return errors.New("a stream of an unconfirmed term reached its handler")
+		})
+	}()
+	<-hold.asked
+	stepped := make(chan struct{})
+	go func() {
+		g.StepDown()
+		close(stepped)
+	}()
+	select {
+	case <-stepped:
+	case <-time.After(10 * time.Second):
+		t.Fatal("StepDown still waits, after 10 s, for a command stream asking the store to confirm the term")
+	}
+	wantNotLeader(t, <-errc, "")
+}
+
+// askedHold is a term in doubt whose store never answers: Confirm waits
+// until its context ends.
+type askedHold struct{ asked chan struct{} }
+
+func (h *askedHold) Held() bool { return false }
+func (h *askedHold) Confirm(ctx context.Context) bool {
+	close(h.asked)
+	<-ctx.Done()
+	return false
+}
+
 type fakeStream struct {
 	grpc.ServerStream
 	ctx context.Context

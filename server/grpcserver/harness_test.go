@@ -41,14 +41,14 @@ type testServer struct {
 	runToken string
 }
 
-func newTestServer(t *testing.T) *testServer {
+func newTestServer(t testing.TB) *testServer {
 	t.Helper()
 	return startTestServer(t, t.TempDir())
 }
 
 // startTestServer serves the store in dir; a second call on the same dir,
 // after Stop, is a coordinator restart.
-func startTestServer(t *testing.T, dir string) *testServer {
+func startTestServer(t testing.TB, dir string) *testServer {
 	t.Helper()
 	ts := &testServer{logs: &logsink.Buffer{}}
 	cfg := coordtest.Config(dir)

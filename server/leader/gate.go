@@ -194,10 +194,32 @@ func (t *term) bind(parent context.Context) (context.Context, func()) {
 	}
 }
 
+// bindCommandStream derives the context of a command stream: it carries
+// the term, and nothing cancels it. The stream reads only the engine's
+// memory and waits only in the engine, and StepDown ends those waits
+// (Engine.EndLongCalls, right after it ends the term), as shutdown does;
+// the cancellable context of bind would be a second signal for the same
+// end. Per parked stream that context costs about 0.7 KiB of heap (the
+// cancelCtx, its entry in grpc's stream context, the AfterFunc on the
+// term and a Done channel), and every environment worker keeps a stream.
+// WatchRun keeps bind: it may read old events from the store, and a read
+// of a deposed leader's store must end with the term.
+func (t *term) bindCommandStream(parent context.Context) (context.Context, func()) {
+	return context.WithValue(parent, termKey{}, t), t.calls.Done
+}
+
 // confirmed reports whether the term is held now: known to be, or
-// confirmed by the store (see Hold).
+// confirmed by the store (see Hold), which it asks until ctx or the term
+// ends: a command stream's ctx does not end with the term (see
+// bindCommandStream), and StepDown waits for the calls of its term.
 func (t *term) confirmed(ctx context.Context) bool {
-	return t.hold == nil || t.hold.Held() || t.hold.Confirm(ctx)
+	if t.hold == nil || t.hold.Held() {
+		return true
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(t.ctx, cancel)()
+	return t.hold.Confirm(ctx)
 }
 
 // over reports whether the term ended, or is ending because the store
@@ -281,7 +303,13 @@ func (g *Gate) StreamServerInterceptor() grpc.StreamServerInterceptor {
 		if t == nil {
 			return transport.NotLeader(leader)
 		}
-		ctx, done := t.bind(ss.Context())
+		var ctx context.Context
+		var done func()
+		if info.FullMethod == v1.WorkerService_StreamCommands_FullMethodName {
+			ctx, done = t.bindCommandStream(ss.Context())
+		} else {
+			ctx, done = t.bind(ss.Context())
+		}
 		defer done()
 		if !t.confirmed(ctx) {
 			return transport.NotLeader("")

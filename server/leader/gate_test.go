@@ -152,7 +152,7 @@ func TestStreamOfAnEndedTermIsRefused(t *testing.T) {
 	g.Lead(newEngine(t), "10.0.0.1:7070", nil)
 	entered := make(chan struct{})
 	errc := make(chan error, 1)
-	info := &grpc.StreamServerInfo{FullMethod: "/snapcoord.v1.WorkerService/StreamCommands", IsServerStream: true}
+	info := &grpc.StreamServerInfo{FullMethod: v1.RunService_WatchRun_FullMethodName, IsServerStream: true}
 	go func() {
 		errc <- g.StreamServerInterceptor()(nil, fakeStream{ctx: context.Background()}, info, func(_ any, ss grpc.ServerStream) error {
 			close(entered)
@@ -163,6 +163,82 @@ func TestStreamOfAnEndedTermIsRefused(t *testing.T) {
 	<-entered
 	g.StepDown()
 	wantNotLeader(t, <-errc, "")
+}
+
+// A worker's command stream parked in the engine ends when the term does,
+// answered NOT_LEADER, and StepDown returns once it has; the gate ends it
+// through the engine, without a cancellable context of its own per stream
+// (thousands of workers keep one each).
+func TestCommandStreamEndsWithTheTerm(t *testing.T) {
+	g := New(func(bool) {})
+	eng := newEngine(t)
+	g.Lead(eng, "10.0.0.1:7070", nil)
+	if _, err := eng.CreateRun(t.Context(), &v1.CreateRunRequest{RunId: "r", Spec: &v1.RunSpec{TrainerWorldSize: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	reg, err := eng.RegisterWorker(t.Context(), &v1.RegisterWorkerRequest{RunId: "r", Role: v1.WorkerRole_WORKER_ROLE_ENVIRONMENT, Name: "env-0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var ownDone atomic.Bool
+	entered := make(chan struct{})
+	errc := make(chan error, 1)
+	info := &grpc.StreamServerInfo{FullMethod: v1.WorkerService_StreamCommands_FullMethodName, IsServerStream: true}
+	go func() {
+		errc <- g.StreamServerInterceptor()(nil, fakeStream{ctx: client}, info, func(_ any, ss grpc.ServerStream) error {
+			ownDone.Store(ss.Context().Done() != client.Done())
+			close(entered)
+			req := &v1.StreamCommandsRequest{RunId: "r", WorkerId: reg.GetWorkerId(), AfterSeq: reg.GetLastCommandSeq()}
+			return g.For(ss.Context()).StreamCommands(ss.Context(), req, func(*v1.Command) error { return nil })
+		})
+	}()
+	<-entered
+	g.StepDown()
+	wantNotLeader(t, <-errc, "")
+	if ownDone.Load() {
+		t.Error("the gate gave a command stream a cancellable context of its own; want the client stream's")
+	}
+}
+
+// A command stream that arrives while the term is in doubt waits for the
+// store to confirm it; when the term ends meanwhile, the stream is refused
+// NOT_LEADER and StepDown returns, though nothing else ends that wait.
+func TestCommandStreamConfirmingEndsWithTheTerm(t *testing.T) {
+	g := New(func(bool) {})
+	hold := &askedHold{asked: make(chan struct{})}
+	g.Lead(newEngine(t), "10.0.0.1:7070", hold)
+	errc := make(chan error, 1)
+	info := &grpc.StreamServerInfo{FullMethod: v1.WorkerService_StreamCommands_FullMethodName, IsServerStream: true}
+	go func() {
+		errc <- g.StreamServerInterceptor()(nil, fakeStream{ctx: context.Background()}, info, func(any, grpc.ServerStream) error {
+			return errors.New("a stream of an unconfirmed term reached its handler")
+		})
+	}()
+	<-hold.asked
+	stepped := make(chan struct{})
+	go func() {
+		g.StepDown()
+		close(stepped)
+	}()
+	select {
+	case <-stepped:
+	case <-time.After(10 * time.Second):
+		t.Fatal("StepDown still waits, after 10 s, for a command stream asking the store to confirm the term")
+	}
+	wantNotLeader(t, <-errc, "")
+}
+
+// askedHold is a term in doubt whose store never answers: Confirm waits
+// until its context ends.
+type askedHold struct{ asked chan struct{} }
+
+func (h *askedHold) Held() bool { return false }
+func (h *askedHold) Confirm(ctx context.Context) bool {
+	close(h.asked)
+	<-ctx.Done()
+	return false
 }
 
 type fakeStream struct {

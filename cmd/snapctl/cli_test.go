@@ -19,6 +19,7 @@ import (
 var parisTime = regexp.MustCompile(`\d\d:\d\d:\d\d (CET|CEST)`)
 
 func TestRunCommands(t *testing.T) {
+	t.Parallel() // snapctl's output only: no timing to disturb
 	s := startServer(t)
 	s.createRun("r1", "--world-size", "2", "--budget", "00:01:00:00", "--target-level", "turn", "--margin", "30")
 
@@ -168,6 +169,7 @@ var oneDashFlag = regexp.MustCompile(`(^|[\s(\[,'"])-[a-z][a-z-]+`)
 
 // Help and errors write every flag with two dashes, as docs/snapctl.md does.
 func TestHelpAndErrorsUseTwoDashes(t *testing.T) {
+	t.Parallel() // snapctl's output only: no timing to disturb
 	s := startServer(t)
 	helps := [][]string{{"help"}, {"--help"}}
 	for _, c := range commands {
@@ -195,6 +197,7 @@ func TestHelpAndErrorsUseTwoDashes(t *testing.T) {
 
 // A token file, with the trailing newline editors add.
 func TestTokenFile(t *testing.T) {
+	t.Parallel() // snapctl's output only: no timing to disturb
 	s := startServer(t)
 	file := writeFile(t, "admin.token", adminToken+"\n")
 	s.createRun("r1", "--world-size", "1")

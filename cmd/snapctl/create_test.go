@@ -50,6 +50,7 @@ cluster:
 `
 
 func TestRunCreateFromNemoRL(t *testing.T) {
+	t.Parallel() // snapctl's output only: no timing to disturb
 	s := startServer(t)
 	cfg := writeFile(t, "grpo.yaml", nemoRLYAML)
 	s.createRun("r1", "--from-nemo-rl", cfg, "--world-size", "32")
@@ -176,6 +177,7 @@ func (s *server) getRun(runID string) *v1.Run {
 }
 
 func TestSlurmTimes(t *testing.T) {
+	t.Parallel() // snapctl's output only: no timing to disturb
 	s := startServer(t)
 	start := time.Now().Add(-10 * time.Minute).Truncate(time.Second)
 	end := start.Add(4 * time.Hour)
@@ -282,6 +284,7 @@ func TestRunCreateIntFlagsOutOfRange(t *testing.T) {
 // run reissue-token gives the new allocation one, and the earlier one stops
 // working.
 func TestReissueTokenAfterRequeue(t *testing.T) {
+	t.Parallel() // snapctl's output only: no timing to disturb
 	s := startServer(t)
 	spec := []string{"--world-size", "1", "--budget", "00:01:00:00", "--target-level", "turn"}
 	tok := s.createRun("grpo-42", spec...)
@@ -330,6 +333,7 @@ func TestReissueTokenAfterRequeue(t *testing.T) {
 // DD:HH:MM:SS, and bare seconds where the flag counted seconds before. The
 // budget reaches the coordinator as DD:HH:MM:SS.
 func TestDurationFlags(t *testing.T) {
+	t.Parallel() // snapctl's output only: no timing to disturb
 	s := startServer(t)
 	var run v1.Run
 	s.createRun("go", "--world-size", "1", "--budget", "3h45m")

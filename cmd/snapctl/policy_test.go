@@ -74,6 +74,7 @@ func TestRunCreatePolicyErrors(t *testing.T) {
 // --from-nemo-rl reads checkpointing.save_period as the regular saves, and
 // none when checkpointing is disabled.
 func TestRunCreateNemoRLSavePeriod(t *testing.T) {
+	t.Parallel() // snapctl's output only: no timing to disturb
 	s := startServer(t)
 	var run v1.Run
 	s.createRun("on", "--from-nemo-rl", writeFile(t, "on.yaml", nemoRLYAML), "--world-size", "1")

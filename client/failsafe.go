@@ -107,15 +107,20 @@ func (f *failSafe) wait() time.Duration {
 	return f.cfg.Wait
 }
 
-// unreachable reports whether err says the coordinator could not be reached
-// within the call's wait, rather than refused the call, or the caller's
-// own context ended.
-func unreachable(ctx context.Context, err error) bool {
+// noAnswer reports whether err says the coordinator cannot answer for
+// this rank, rather than refused the call, or the caller's own context
+// ended: it could not be reached within the call's wait, or it no longer
+// knows the run or the rank (NOT_FOUND, UNAUTHENTICATED: its data directory
+// was lost, or restored from a copy made before the rank registered). The
+// rank then goes on by its plan rather than end the job for what the
+// coordinator lost. Before the first answer there is no plan, so a wrong
+// run or token still fails the first step.
+func noAnswer(ctx context.Context, err error) bool {
 	if err == nil || ctx.Err() != nil {
 		return false
 	}
 	switch status.Code(err) {
-	case codes.Unavailable, codes.DeadlineExceeded:
+	case codes.Unavailable, codes.DeadlineExceeded, codes.NotFound, codes.Unauthenticated:
 		return true
 	}
 	return false
@@ -128,7 +133,7 @@ func (t *Trainer) goLocal(cause error) {
 		return
 	}
 	t.fs.local = cause
-	t.log.Warn("cannot reach the coordinator: this rank decides its steps by the fail-safe plan from the last decision it received, and reports them when the coordinator answers again",
+	t.log.Warn("the coordinator cannot answer (out of reach, or it no longer knows this run): this rank decides its steps by the fail-safe plan from the last decision it received, and reports them when the coordinator answers again",
 		"addr", t.c.addr, "err", cause, "anchor_step", t.fs.anchor.GetStep(), "anchor_action", apifacts.EnumName(t.fs.anchor.GetAction()))
 }
 
@@ -177,7 +182,7 @@ func (t *Trainer) flush(ctx context.Context, first time.Duration) error {
 	for len(f.pending) > 0 {
 		r := f.pending[0]
 		err := t.report(ctx, wait, r)
-		if unreachable(ctx, err) {
+		if noAnswer(ctx, err) {
 			t.goLocal(err) // out of reach again before all was reported
 			return err
 		}

@@ -97,12 +97,12 @@ func (t *Trainer) CompleteStep(ctx context.Context, step int64, iteration time.D
 	}
 	t.fs.mu.Lock()
 	defer t.fs.mu.Unlock()
-	if err := t.flush(ctx, t.fs.wait()); err != nil && unreachable(ctx, err) {
+	if err := t.flush(ctx, t.fs.wait()); err != nil && noAnswer(ctx, err) {
 		return t.decideLocally(step, iteration), nil
 	}
 	d, err := t.sendStep(ctx, t.fs.wait(), step, iteration, v1.StepAction_STEP_ACTION_UNSPECIFIED)
 	switch {
-	case unreachable(ctx, err) && t.fs.anchor != nil:
+	case noAnswer(ctx, err) && t.fs.anchor != nil:
 		t.goLocal(err)
 		return t.decideLocally(step, iteration), nil
 	case err == nil:
@@ -179,13 +179,13 @@ func (t *Trainer) ReportCheckpoint(ctx context.Context, step int64, phase v1.Che
 		t.fs.saves++
 	}
 	queued := localReport{step: step, phase: phase, save: save}
-	if err := t.flush(ctx, t.fs.wait()); err != nil && unreachable(ctx, err) {
+	if err := t.flush(ctx, t.fs.wait()); err != nil && noAnswer(ctx, err) {
 		t.fs.pending = append(t.fs.pending, queued)
 		return t.RunState(), nil
 	}
 	state, err := t.sendCheckpoint(ctx, t.fs.wait(), step, phase, save)
 	switch {
-	case unreachable(ctx, err) && t.fs.anchor != nil:
+	case noAnswer(ctx, err) && t.fs.anchor != nil:
 		t.goLocal(err)
 		t.fs.pending = append(t.fs.pending, queued)
 		return t.RunState(), nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -188,7 +189,7 @@ func wantWarnings(t *testing.T, ranks [2]failSafeRank, back bool) {
 		if back {
 			want = 2
 		}
-		if len(warns) != want || !strings.HasPrefix(warns[0], "cannot reach the coordinator") ||
+		if len(warns) != want || !strings.HasPrefix(warns[0], "the coordinator cannot answer") ||
 			back && !strings.HasPrefix(warns[1], "the coordinator answers again") {
 			t.Errorf("rank %d logged WARNINGs %q, want %d: going local%s", i, warns, want, map[bool]string{true: ", back"}[back])
 		}
@@ -236,6 +237,25 @@ func TestFailSafeCoordinatorGoneForGood(t *testing.T) {
 			t.Errorf("rank %d exited with its reports undelivered and logged ERRORs %q, want one naming them", i, errs)
 		}
 	}
+}
+
+// The coordinator is SIGKILLed and comes back with its data directory lost
+// (an empty one, the same address): it knows neither the run nor its
+// token, and answers the ranks UNAUTHENTICATED. Both ranks go on by their
+// plan as if it were out of reach, never an error in their loop, and save
+// at the same step before B.
+func TestFailSafeCoordinatorLostItsData(t *testing.T) {
+	ctx := testContext(t)
+	p := startProc(t)
+	b := time.Now().Add(8 * time.Second)
+	ranks := killAfterThreeSteps(ctx, t, p, "lost", b)
+	if err := os.RemoveAll(p.dataDir); err != nil {
+		t.Fatal(err)
+	}
+	p.restart()
+	fired := sameLocalFire(t, bothLocally(ctx, ranks, 4, 0, nil), b)
+	t.Logf("both ranks fired at step %d, %s before B", fired, time.Until(b).Round(time.Millisecond))
+	wantWarnings(t, ranks, false)
 }
 
 // The coordinator is SIGKILLed and restarted on its data a few seconds

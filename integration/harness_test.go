@@ -96,15 +96,18 @@ type proc struct {
 	p *coordproc.Proc
 	// addr is where it serves, the same after every restart.
 	addr string
+	// dataDir is its --data-dir.
+	dataDir string
 }
 
 // startProc runs `snapcoord serve` on a fresh data directory and waits until
 // it is SERVING. Leases are long: these tests are about crashes, not leases.
 func startProc(t *testing.T) *proc {
 	t.Helper()
-	p := coordproc.ForTest(t, coordproc.Config{Bin: binPath, DataDir: filepath.Join(t.TempDir(), "data"),
+	dataDir := filepath.Join(t.TempDir(), "data")
+	p := coordproc.ForTest(t, coordproc.Config{Bin: binPath, DataDir: dataDir,
 		Args: []string{"--metrics-listen", "", "--log-format", "json", "--heartbeat-interval", "5s", "--lease-ttl", "5m"}})
-	return &proc{t: t, p: p, addr: p.Addr}
+	return &proc{t: t, p: p, addr: p.Addr, dataDir: dataDir}
 }
 
 // kill is kill -9: no drain, no deferred close, nothing flushed. The

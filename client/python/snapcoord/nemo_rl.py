@@ -66,7 +66,13 @@ from typing import Mapping, Optional
 
 from snapcoord._plan import Plan, nemo_rule
 from snapcoord.client import DEFAULT_ADDR, Client, connect
-from snapcoord.errors import SnapcoordError, UnavailableError, untrusted_certificate
+from snapcoord.errors import AuthError, NotFoundError, SnapcoordError, UnavailableError, untrusted_certificate
+
+# What says the coordinator cannot answer for this rank: out of reach, or it
+# no longer knows the run or the rank (its data directory lost, or restored
+# from a copy made before the rank registered). The rank then goes on by the
+# fail-safe plan rather than end the job for what the coordinator lost.
+_NO_ANSWER = (UnavailableError, NotFoundError, AuthError)
 from snapcoord.trainer import Trainer
 from snapcoord.types import Action, Decision, Phase
 
@@ -368,7 +374,7 @@ class TimeoutChecker:
         if self._away is None or self._flush(self._probe):
             try:
                 decision = self.trainer.complete_step(self.step, iteration, timeout=self._wait, wait_for_ready=True)
-            except UnavailableError as err:
+            except _NO_ANSWER as err:
                 self._go_away(err)
             else:
                 return self._heard(decision)
@@ -410,7 +416,7 @@ class TimeoutChecker:
         if self._away is None:
             self._away = str(err)
             self.log.warning(
-                "snapcoord: rank %d: the coordinator at %s is out of reach (%s): deciding on the fail-safe plan until it answers",
+                "snapcoord: rank %d: the coordinator at %s cannot answer (%s): deciding on the fail-safe plan until it answers",
                 self._rank_no(),
                 self._addr,
                 err,
@@ -428,7 +434,7 @@ class TimeoutChecker:
                     self._compare(stored, action)
                 else:
                     self.trainer.report_checkpoint(step, Phase.SAVED, seconds, timeout=wait, wait_for_ready=True)
-            except UnavailableError as err:
+            except _NO_ANSWER as err:
                 self._go_away(err)
                 return False
             except SnapcoordError as err:

@@ -227,6 +227,16 @@ def test_grpo_loop_rides_out_a_restart(coordinator: Coordinator, tmp_path: pathl
     assert run.ended_at.ToNanoseconds() / 1e9 < b
 
 
+def saved_together_before(job: Job, ckpt: pathlib.Path, b: float) -> None:
+    """Both ranks saved their deadline checkpoint at one step, before B."""
+    fired = job.fired()
+    assert len(fired) == RANKS and len(set(fired.values())) == 1, f"the ranks saved at steps {fired}"
+    step = fired[0]
+    saved = [at for rank, s, at in job.saved if s == step]
+    assert len(saved) == RANKS and max(saved) < b, "every rank saved its deadline checkpoint before B"
+    assert len(list((ckpt / f"step_{step}").glob("*.pt"))) == RANKS
+
+
 # (4) kill -9 for good: the ranks save before B on their own, at one step.
 def test_grpo_loop_saves_when_the_coordinator_is_gone_for_good(coordinator: Coordinator, tmp_path: pathlib.Path) -> None:
     _, token, b = create_run(coordinator, "grpo", 20)
@@ -236,12 +246,7 @@ def test_grpo_loop_saves_when_the_coordinator_is_gone_for_good(coordinator: Coor
     coordinator.kill()
     job.finish()  # every rank exits 0
 
-    fired = job.fired()
-    assert len(fired) == RANKS and len(set(fired.values())) == 1, f"the ranks saved at steps {fired}"
-    step = fired[0]
-    saved = [at for rank, s, at in job.saved if s == step]
-    assert len(saved) == RANKS and max(saved) < b, "every rank saved its deadline checkpoint before B"
-    assert len(list((tmp_path / "ckpt" / f"step_{step}").glob("*.pt"))) == RANKS
+    saved_together_before(job, tmp_path / "ckpt", b)
 
 
 # (4b) The coordinator's data file restored from an older copy (made at a
@@ -278,6 +283,23 @@ def test_grpo_loop_goes_on_after_the_coordinator_is_restored_from_an_older_copy(
     assert len(gaps) == 1, f"WARNING events for the restore: {gaps}"
     (taken, last), = gaps
     assert last in (copied, copied + 1) and taken >= copied + 4, f"step {taken} taken after the copy's last step {last}"
+
+
+# (4c) The coordinator comes back with its data directory lost (empty, the
+# same address): it knows neither the run nor its token. The ranks go on by
+# their plan as if it were out of reach, nothing is raised into the loop,
+# and both save at one step before B.
+def test_grpo_loop_saves_when_the_coordinator_lost_its_data(coordinator: Coordinator, tmp_path: pathlib.Path) -> None:
+    _, token, b = create_run(coordinator, "grpo", 20)
+    job = Job(coordinator, "grpo", token, Loop(str(tmp_path / "ckpt"), dhms(20), save_period=1000))
+    job.start()
+    job.until(lambda: job.last_step() >= 3)
+    coordinator.kill()
+    (coordinator.data_dir / "snapcoord.db").unlink()  # the run and its token with it
+    coordinator.start()
+    job.finish()  # every rank exits 0
+
+    saved_together_before(job, tmp_path / "ckpt", b)
 
 
 # (5) SNAPCOORD_* set and no coordinator: a clear error, fast.

@@ -2,7 +2,9 @@ package telemetry
 
 import (
 	"context"
+	"strings"
 	"sync"
+	"sync/atomic"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -21,9 +23,16 @@ import (
 // coordinator's CPU in a deadline storm (docs/performance.md).
 type rpcMetrics struct {
 	duration metric.Float64Histogram
-	// sets holds an attribute set per (method, code), built on first use.
-	sets sync.Map
+	// sets holds an attribute set per (method, code), built on first use,
+	// up to maxSets of them: the method name is the client's, so one that
+	// calls made-up methods must not grow it without end. Past the cap a
+	// set is built per call, as otelgrpc does.
+	sets  sync.Map
+	nsets atomic.Int64
 }
+
+// maxSets is far above the API's methods times the codes they answer.
+const maxSets = 1024
 
 type methodKey struct{}
 
@@ -60,16 +69,18 @@ func (h *rpcMetrics) set(k setKey) attribute.Set {
 	if s, ok := h.sets.Load(k); ok {
 		return s.(attribute.Set)
 	}
-	name := k.method
-	if len(name) > 0 && name[0] == '/' {
-		name = name[1:]
-	}
-	kv := []attribute.KeyValue{semconv.RPCMethod(name), semconv.RPCSystemNameGRPC, semconv.RPCResponseStatusCode(canonicalCode(k.code))}
+	kv := []attribute.KeyValue{semconv.RPCMethod(strings.TrimPrefix(k.method, "/")), semconv.RPCSystemNameGRPC, semconv.RPCResponseStatusCode(canonicalCode(k.code))}
 	if serverError(k.code) {
 		kv = append(kv, semconv.ErrorTypeKey.String(canonicalCode(k.code)))
 	}
-	s, _ := h.sets.LoadOrStore(k, attribute.NewSet(kv...))
-	return s.(attribute.Set)
+	set := attribute.NewSet(kv...)
+	if h.nsets.Load() >= maxSets {
+		return set
+	}
+	if _, loaded := h.sets.LoadOrStore(k, set); !loaded {
+		h.nsets.Add(1)
+	}
+	return set
 }
 
 func (*rpcMetrics) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context { return ctx }

@@ -78,3 +78,23 @@ func seriesKey(m *dto.Metric) string {
 	slices.Sort(labels)
 	return strings.Join(labels, ",") + " le{" + strings.Join(buckets, ",") + "}"
 }
+
+// A client calling made-up methods cannot grow the cache of attribute sets
+// without end; past the cap each such call still gets its series.
+func TestRPCMetricsCacheIsBounded(t *testing.T) {
+	h, err := newRPCMetrics(newTelemetry(t, nil).metrics.provider.Meter(scope))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 * maxSets {
+		method := fmt.Sprintf("/probe.Service/M%d", i)
+		if got := h.set(setKey{method: method}); got.Len() == 0 {
+			t.Fatalf("%s: empty attribute set", method)
+		}
+	}
+	n := 0
+	h.sets.Range(func(any, any) bool { n++; return true })
+	if n > maxSets {
+		t.Errorf("%d attribute sets cached, want at most %d", n, maxSets)
+	}
+}

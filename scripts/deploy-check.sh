@@ -7,8 +7,10 @@
 #     on the chosen data source.
 #   * systemd unit: systemd-analyze verify (ExecStart pointed at the built
 #     binary, since the unit names its installed path).
-#   * Every metric the rules and dashboard query exists in a real scrape:
-#     the Go test TestDeployReferencesRealMetrics.
+#   * Every metric the rules and dashboard query exists in a real scrape,
+#     and every snapcoord_ and rpc_server_ family of that scrape has a
+#     dashboard panel (TestDeployReferencesRealMetrics); the panels'
+#     gridPos do not overlap (TestDeployDashboardLayout).
 # Installs Debian's prometheus (for promtool) when missing.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -53,6 +55,6 @@ sed "s#/usr/local/bin/snapcoord#$PWD/bin/snapcoord#" deploy/systemd/snapcoord.se
 systemd-analyze verify "$tmp/snapcoord.service"
 say "deploy/systemd/snapcoord.service: ok"
 
-say "metric names against a real scrape"
-go test -count=1 -run '^TestDeployReferencesRealMetrics$' ./cmd/snapcoord
+say "metric names against a real scrape, dashboard layout"
+go test -count=1 -run '^TestDeploy' ./cmd/snapcoord
 say "OK"

@@ -49,13 +49,13 @@ const (
 // worker registered with that token, so this is no misconfiguration: it
 // goes on as while the coordinator is out of reach (so that a sidecar's
 // backstop still saves), trying again at its backoff with one WARNING in
-// all, and once the coordinator has its data back it takes part in the
-// deadline snapshot. A new process with the same token still fails at
+// all (its attempts to register again say nothing more), and once the
+// coordinator has its data back it takes part in the deadline snapshot. A new process with the same token still fails at
 // once: it was never answered, and for it the token is just wrong.
 func TestWorkerGoesOnWhenTheCoordinatorLostTheRun(t *testing.T) {
 	for _, poll := range []bool{false, true} {
 		t.Run(map[bool]string{false: "stream", true: "poll"}[poll], func(t *testing.T) {
-			co := startRestartable(t)
+			co := startCoordinator(t) // leases lapse while the data is lost
 			cl := co.createRun("r1", turnSpec(1))
 			logs := &logsink.Recorder{}
 			w, err := cl.StartWorker(t.Context(), client.WorkerConfig{RunID: "r1", Role: v1.WorkerRole_WORKER_ROLE_ENVIRONMENT,
@@ -68,8 +68,10 @@ func TestWorkerGoesOnWhenTheCoordinatorLostTheRun(t *testing.T) {
 
 			kept := co.cfg.DataDir
 			co.serveOn(t.TempDir())
-			// Five more attempts to follow the commands, all refused.
+			// Five more attempts to follow the commands, and, the lease
+			// presumed lapsed, three to register again, all refused.
 			awaitCalls(t, co.gate, w, fetch, co.gate.count(fetch)+5)
+			awaitCalls(t, co.gate, w, "RegisterWorker", co.gate.count("RegisterWorker")+3)
 			select {
 			case cmd, ok := <-w.Commands():
 				t.Fatalf("commands while the coordinator does not know the run: %v, open %v (Err %v)", cmd, ok, w.Err())

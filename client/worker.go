@@ -291,7 +291,7 @@ func (w *Worker) reregisterLocked(ctx context.Context, why string) error {
 			w.runLost(err) // it registered this worker before: it lost the run
 			return err
 		}
-		w.log.Warn("registering again failed", "err", err)
+		w.log.Log(ctx, w.quietWhileLost(slog.LevelWarn), "registering again failed", "err", err)
 		return err
 	}
 	w.log.Info("registered again", "worker_id", w.ID(), "incarnation", w.Incarnation())
@@ -340,8 +340,8 @@ func (w *Worker) lostLevel() slog.Level {
 }
 
 // quietWhileLost is level, or DEBUG while the coordinator does not know
-// the run: the attempts to register again then fail each time, and
-// runLost said so once.
+// the run: the attempts to register again then fail each time (refused, or
+// unanswered while it restarts), and runLost said so once.
 func (w *Worker) quietWhileLost(level slog.Level) slog.Level {
 	w.mu.Lock()
 	defer w.mu.Unlock()

@@ -313,8 +313,8 @@ func (w *Worker) runLost(err error) {
 	w.lost = err
 	w.mu.Unlock()
 	if first {
-		w.log.Log(context.Background(), w.lostLevel(), "the coordinator no longer knows this run (its data lost, or restored from an older copy): "+
-			"going on as while it is out of reach, until it knows the run again", "err", err)
+		w.log.Log(context.Background(), w.lostLevel(), "the coordinator no longer knows this run or its token "+
+			"(its data lost or restored from an older copy, or the token reissued for a new allocation): going on as while it is out of reach, until it knows the run again", "err", err)
 	}
 }
 

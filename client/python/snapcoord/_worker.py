@@ -324,7 +324,8 @@ class _Worker:
         if first:
             self.log.log(
                 self._lost_level(),
-                "the coordinator no longer knows this run (its data lost, or restored from an older copy): "
+                "the coordinator no longer knows this run or its token (its data lost or "
+                "restored from an older copy, or the token reissued for a new allocation): "
                 "going on as while it is out of reach, until it knows the run again (%s: %s)",
                 err.code().name,
                 err.details(),

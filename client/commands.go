@@ -89,15 +89,17 @@ func (w *Worker) recover(ctx context.Context, err error, inc int64) error {
 		return nil
 	case codes.NotFound:
 		// The coordinator does not know the worker (its state was reset).
-		// If the run itself is gone, registering fails for good.
-		if rerr := w.reregister(ctx, "the coordinator does not know this worker"); status.Code(rerr) == codes.NotFound {
-			return rerr
-		}
+		// If it lost the run too, registering notes that (see runLost).
+		_ = w.reregister(ctx, "the coordinator does not know this worker")
+		return nil
+	case codes.Unauthenticated:
+		// It registered this worker with the same token: it lost the run.
+		w.runLost(err)
 		return nil
 	case codes.OutOfRange:
 		w.resync(ctx, err)
 		return nil
-	case codes.Unauthenticated, codes.PermissionDenied, codes.InvalidArgument:
+	case codes.PermissionDenied, codes.InvalidArgument:
 		return err
 	}
 	// Unimplemented, Internal, Unknown: typically a proxy in the way that
@@ -137,6 +139,7 @@ func (w *Worker) stream(ctx context.Context, inc int64) (stopped, progressed boo
 		if err != nil {
 			return false, progressed, err
 		}
+		w.runKnown()
 		progressed = true
 		if stopped, err := w.deliver(ctx, resp.GetCommand()); stopped || err != nil {
 			return stopped, progressed, err
@@ -153,6 +156,7 @@ func (w *Worker) poll(ctx context.Context, inc int64) (stopped, progressed bool,
 	if err != nil {
 		return false, false, err
 	}
+	w.runKnown()
 	w.mu.Lock()
 	w.runState = resp.GetRunState()
 	w.mu.Unlock()

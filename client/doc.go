@@ -54,6 +54,13 @@
 // and logs an ERROR naming what it could not. Before the first answered
 // step there is nothing to plan from, and calls fail as they did.
 //
+// A worker treats a coordinator that no longer knows its run or token
+// (its data lost, or restored from a copy older than the run) as one out
+// of reach: it logs one WARNING, goes on following and heartbeating at its
+// backoff, and resumes if the coordinator knows the run again; its
+// Commands stay open. A wrong run or token fails StartWorker, before any
+// answer.
+//
 // # Several coordinators
 //
 // Dial takes a comma-separated list of addresses ("a:7070,b:7070,c:7070")

@@ -88,7 +88,8 @@ func pollWait(d time.Duration) time.Duration {
 // delivers the commands for its role on Commands, streaming or polling,
 // resuming after the last delivered sequence number across disconnects and
 // coordinator restarts, and registering again when its lease lapsed or the
-// coordinator dropped it.
+// coordinator dropped it. A coordinator that no longer knows its run (it
+// lost its data) is one out of reach to it: see runLost.
 type Worker struct {
 	c    *Client
 	cfg  WorkerConfig
@@ -113,6 +114,7 @@ type Worker struct {
 	seen     *seenLog // the commands delivered, by seq, for a resync
 	polling  bool
 	err      error
+	lost     error // why the coordinator no longer knows the run; nil while it does
 }
 
 // StartWorker registers a worker and starts its heartbeats and command
@@ -152,8 +154,10 @@ func (c *Client) StartWorker(ctx context.Context, cfg WorkerConfig) (*Worker, er
 func (w *Worker) Commands() <-chan *v1.Command { return w.cmds }
 
 // Err is why Commands was closed: nil after a Stop or Close, otherwise the
-// error that retrying could not fix (a bad token, an unknown run,
-// ErrRunEnded, ErrSuperseded).
+// error that retrying could not fix (ErrRunEnded, ErrSuperseded, a
+// refusal such as PERMISSION_DENIED). A wrong run or token fails
+// StartWorker; a coordinator that later no longer knows the run or its
+// token does not end the worker.
 func (w *Worker) Err() error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -260,8 +264,9 @@ func (w *Worker) register(ctx context.Context, incarnation int64, opts ...grpc.C
 		return err
 	}
 	w.mu.Lock()
-	defer w.mu.Unlock()
 	w.reg, w.lastAck, w.runState = resp, time.Now(), resp.GetRunState()
+	w.mu.Unlock()
+	w.runKnown()
 	return nil
 }
 
@@ -275,18 +280,75 @@ func (w *Worker) reregister(ctx context.Context, why string) error {
 }
 
 func (w *Worker) reregisterLocked(ctx context.Context, why string) error {
-	w.log.Info("registering again", "why", why)
+	w.log.Log(ctx, w.quietWhileLost(slog.LevelInfo), "registering again", "why", why)
 	if err := w.register(ctx, w.Incarnation(), noRetry); err != nil {
 		if superseded(err) {
 			w.log.Error("another process registered under this worker's name: stopping", "err", err)
 			w.stop(fmt.Errorf("%w: %w", ErrSuperseded, err))
 			return err
 		}
-		w.log.Warn("registering again failed", "err", err)
+		if c := status.Code(err); c == codes.NotFound || c == codes.Unauthenticated {
+			w.runLost(err) // it registered this worker before: it lost the run
+			return err
+		}
+		w.log.Log(ctx, w.quietWhileLost(slog.LevelWarn), "registering again failed", "err", err)
 		return err
 	}
 	w.log.Info("registered again", "worker_id", w.ID(), "incarnation", w.Incarnation())
 	return nil
+}
+
+// runLost notes that the coordinator no longer knows the run, or its
+// token: its data directory was lost, or restored from a copy older than
+// the run. It registered this worker, so the run and the token were right
+// (a wrong one fails StartWorker): the worker goes on as while the
+// coordinator is out of reach, following and heartbeating at its backoff,
+// so that what saves without the coordinator still can (a sidecar's
+// backstop, a trainer's fail-safe plan), and so that it resumes if the
+// coordinator knows the run again (its data restored). One WARNING, not
+// one per retry.
+func (w *Worker) runLost(err error) {
+	w.mu.Lock()
+	first := w.lost == nil
+	w.lost = err
+	w.mu.Unlock()
+	if first {
+		w.log.Log(context.Background(), w.lostLevel(), "the coordinator no longer knows this run or its token "+
+			"(its data lost or restored from an older copy, or the token reissued for a new allocation): going on as while it is out of reach, until it knows the run again", "err", err)
+	}
+}
+
+// runKnown notes an answer for the run: after runLost, one line says the
+// coordinator knows it again.
+func (w *Worker) runKnown() {
+	w.mu.Lock()
+	was := w.lost
+	w.lost = nil
+	w.mu.Unlock()
+	if was != nil {
+		w.log.Log(context.Background(), w.lostLevel(), "the coordinator knows this run again")
+	}
+}
+
+// lostLevel is WARNING, but INFO for a trainer rank: its fail-safe plan
+// warns about the same coordinator (see Trainer.goLocal).
+func (w *Worker) lostLevel() slog.Level {
+	if w.cfg.Role == v1.WorkerRole_WORKER_ROLE_TRAINER {
+		return slog.LevelInfo
+	}
+	return slog.LevelWarn
+}
+
+// quietWhileLost is level, or DEBUG while the coordinator does not know
+// the run: the attempts to register again then fail each time (refused, or
+// unanswered while it restarts), and runLost said so once.
+func (w *Worker) quietWhileLost(level slog.Level) slog.Level {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.lost != nil {
+		return slog.LevelDebug
+	}
+	return level
 }
 
 // refused handles a call refused for the stale incarnation sent: this
@@ -368,6 +430,7 @@ func (w *Worker) beat(ctx context.Context) {
 		w.mu.Lock()
 		w.lastAck, w.runState = time.Now(), resp.GetRunState()
 		w.mu.Unlock()
+		w.runKnown()
 	case codes.FailedPrecondition, codes.NotFound:
 		_ = w.reregister(ctx, "heartbeat refused: "+status.Convert(err).Message())
 	default:

@@ -386,14 +386,5 @@ func TestWorkerPollWaitInWholeSeconds(t *testing.T) {
 // heartbeats; it fails at once if the worker stopped.
 func awaitHeartbeats(t *testing.T, g *gate, w *client.Worker, n int) {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for g.count("Heartbeat") < n {
-		if err := w.Err(); err != nil {
-			t.Fatalf("the worker stopped: %v", err)
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d heartbeats after 15 s, want %d", g.count("Heartbeat"), n)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	awaitCalls(t, g, w, "Heartbeat", n)
 }

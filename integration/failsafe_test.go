@@ -256,6 +256,13 @@ func TestFailSafeCoordinatorLostItsData(t *testing.T) {
 	fired := sameLocalFire(t, bothLocally(ctx, ranks, 4, 0, nil), b)
 	t.Logf("both ranks fired at step %d, %s before B", fired, time.Until(b).Round(time.Millisecond))
 	wantWarnings(t, ranks, false)
+	for _, r := range ranks {
+		// Their workers went on following too (the coordinator may get its
+		// data back): as the job's exit would, Close ends them.
+		closeCtx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		_ = r.tr.Close(closeCtx)
+		cancel()
+	}
 }
 
 // The coordinator is SIGKILLed and restarted on its data a few seconds

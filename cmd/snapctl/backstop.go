@@ -109,7 +109,7 @@ func watchBackstop(ctx context.Context, name string, sigs <-chan os.Signal, cl *
 				continue
 			}
 			id := backstopID(time.Now())
-			log.Warn("backstop signal: the coordinator cannot be reached; taking a local deadline snapshot",
+			log.Warn("backstop signal: the coordinator cannot be reached, or lost this run; taking a local deadline snapshot",
 				"signal", name, "snapshot_id", id, "err", describe(err))
 			for _, s := range workers {
 				select {
@@ -122,15 +122,17 @@ func watchBackstop(ctx context.Context, name string, sigs <-chan os.Signal, cl *
 	}
 }
 
-// probe sends one heartbeat for w, bounded by backstopProbeTimeout. Any
+// probe sends one heartbeat for w, bounded by backstopProbeTimeout. An
 // answer, a refusal included, shows a coordinator that can deliver the
-// deadline; no answer is an error.
+// deadline; no answer is an error, and so is UNAUTHENTICATED or NOT_FOUND:
+// it registered this worker, so it lost the run or the worker with its
+// data, and may send no deadline (if it does, its hook runs too).
 func probe(ctx context.Context, cl *client.Client, runID string, w *client.Worker) error {
 	pctx, cancel := context.WithTimeout(ctx, backstopProbeTimeout)
 	defer cancel()
 	_, err := cl.Workers.Heartbeat(pctx, &v1.HeartbeatRequest{RunId: runID, WorkerId: w.ID(), Incarnation: w.Incarnation()})
 	switch status.Code(err) {
-	case codes.Unavailable, codes.DeadlineExceeded, codes.Canceled:
+	case codes.Unavailable, codes.DeadlineExceeded, codes.Canceled, codes.Unauthenticated, codes.NotFound:
 		return err
 	}
 	if errors.Is(err, context.DeadlineExceeded) {

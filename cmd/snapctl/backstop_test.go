@@ -85,6 +85,40 @@ func TestSidecarBackstopSnapshotsWhenTheCoordinatorIsGone(t *testing.T) {
 	checkHookEnv(t, filepath.Join(dir, snap.GetSnapshotId()), map[string]string{"SNAPCOORD_BACKSTOP": "false"})
 }
 
+// The coordinator is SIGKILLed and comes back on the same address with its
+// data directory lost: it knows neither the run nor its token. The sidecar
+// goes on, as with the coordinator out of reach (one WARNING), and Slurm's
+// USR1 still has it save the environment as a local deadline snapshot.
+func TestSidecarBackstopSnapshotsWhenTheCoordinatorLostTheRun(t *testing.T) {
+	s := startServer(t)
+	sc, dir := s.snapshotFilesSidecar("lost")
+	if err := s.coord.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(s.dataDir); err != nil {
+		t.Fatal(err)
+	}
+	s.coord = s.coord.RestartForTest(t)
+	const lost = "the coordinator no longer knows this run"
+	sc.waitFor(t, "the sidecar to find the run lost", func(out string) bool { return strings.Contains(out, lost) })
+	signalProc(t, sc, syscall.SIGUSR1)
+	sc.waitFor(t, "the backstop snapshot", func(out string) bool { return strings.Contains(out, "backstop snapshot taken locally") })
+
+	ids := savedSnapshots(t, dir)
+	if len(ids) != 1 || !strings.HasPrefix(ids[0], "backstop-") {
+		t.Fatalf("the hook saved %q, want one backstop-… snapshot", ids)
+	}
+	checkHookEnv(t, filepath.Join(dir, ids[0]), map[string]string{"SNAPCOORD_BACKSTOP": "true", "SNAPCOORD_REASON": "deadline"})
+	select {
+	case <-sc.done:
+		t.Fatalf("the sidecar exited:\n%s", sc.out.String())
+	default:
+	}
+	if n := strings.Count(sc.out.String(), lost); n != 1 {
+		t.Errorf("the sidecar said %d times that the coordinator lost the run, want once", n)
+	}
+}
+
 // With the coordinator alive the signal changes nothing: the deadline it
 // fires brings the one deadline snapshot.
 func TestSidecarBackstopSignalWithALiveCoordinator(t *testing.T) {

@@ -49,9 +49,10 @@ func baseEnv() []string {
 
 // server is a snapcoord process on a free loopback port.
 type server struct {
-	t     *testing.T
-	addr  string
-	coord *coordproc.Proc
+	t       *testing.T
+	addr    string
+	coord   *coordproc.Proc
+	dataDir string // the coordinator's --data-dir
 }
 
 // startServer starts snapcoord serve with flags added to the tests' own.
@@ -69,11 +70,12 @@ func startTLSServer(t *testing.T, ca *testpki.CA, cert testpki.Leaf) *server {
 
 func startServerWith(t *testing.T, creds credentials.TransportCredentials, flags ...string) *server {
 	t.Helper()
-	p := coordproc.ForTest(t, coordproc.Config{Bin: bin.snapcoord, DataDir: t.TempDir(), Creds: creds,
+	dataDir := t.TempDir()
+	p := coordproc.ForTest(t, coordproc.Config{Bin: bin.snapcoord, DataDir: dataDir, Creds: creds,
 		Env: []string{"SNAPCOORD_ADMIN_TOKEN=" + adminToken},
 		Args: append([]string{"--metrics-listen", "", "--log-format", "json", "--heartbeat-interval", "200ms", "--lease-ttl", "1s"},
 			flags...)})
-	return &server{t: t, addr: p.Addr, coord: p}
+	return &server{t: t, addr: p.Addr, coord: p, dataDir: dataDir}
 }
 
 // env is what snapctl sees: this server, plaintext, the admin token.

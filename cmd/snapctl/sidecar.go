@@ -48,7 +48,7 @@ func setupSidecar(fs *flag.FlagSet, c *cli) func(context.Context, []string) erro
 	durations.Var(fs, &s.hookTimeout, "hook-timeout", 10*time.Minute, durations.Options{}, "kill a Snapshot hook after this long (SaveAtDeadline: at must_finish_by)")
 	fs.TextVar(&s.logLevel, "log-level", slog.LevelInfo, "log `level`: debug, info, warn or error")
 	s.backstop.sig = syscall.SIGUSR1
-	fs.Var(&s.backstop, "backstop-signal", "on this `signal` (USR1, USR2, HUP, ALRM or none), if the coordinator cannot be reached, run --on-snapshot for a local deadline snapshot (Slurm's --signal)")
+	fs.Var(&s.backstop, "backstop-signal", "on this `signal` (USR1, USR2, HUP, ALRM or none), if the coordinator cannot be reached or lost the run, run --on-snapshot for a local deadline snapshot (Slurm's --signal)")
 	return func(ctx context.Context, args []string) error {
 		if err := wantArgs(args); err != nil {
 			return err

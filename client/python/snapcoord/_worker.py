@@ -38,7 +38,12 @@ _CODES_TO_RESUME = frozenset(
         grpc.StatusCode.ABORTED,
     }
 )
-_CODES_FATAL = frozenset({grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.INVALID_ARGUMENT})
+_CODES_FATAL = frozenset({grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.INVALID_ARGUMENT})
+# What a coordinator that registered this worker answers once it lost the
+# run: its token is unknown, or the run is (see _run_lost).
+_CODES_RUN_LOST = frozenset({grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.NOT_FOUND})
+# What the backstop's probe takes for a coordinator that will send no deadline.
+_CODES_NO_ANSWER = _CODES_RUN_LOST | {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
 
 
 class _Prefixed(logging.LoggerAdapter):  # type: ignore[type-arg]
@@ -96,6 +101,7 @@ class _Worker:
         self._polling = poll
         self._err: Optional[errors.SnapcoordError] = None
         self._stop_reason: Optional[str] = None
+        self._lost: Optional[grpc.RpcError] = None  # why the coordinator no longer knows the run; None while it does
         self._closed = False
         self._close_lock = threading.Lock()
         try:
@@ -208,12 +214,14 @@ class _Worker:
 
     def probe(self, timeout: float) -> Optional[grpc.RpcError]:
         """One heartbeat, not retried, bounded by ``timeout``: None if the
-        coordinator answered (a refusal is an answer), else the error."""
+        coordinator answered (a refusal is an answer), else the error. So is
+        UNAUTHENTICATED or NOT_FOUND: it registered this worker, so it lost
+        the run or the worker, and may send no deadline."""
         req = ws.HeartbeatRequest(run_id=self._run_id, worker_id=self.worker_id, incarnation=self.incarnation)
         try:
             self._c.workers_once.Heartbeat(req, timeout=timeout)
         except grpc.RpcError as err:
-            if err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED):
+            if err.code() in _CODES_NO_ANSWER:
                 return err
         return None
 
@@ -277,13 +285,16 @@ class _Worker:
         )
         with self._lock:
             self._reg, self._last_ack, self._run_state = resp, time.monotonic(), resp.run_state
+        self._run_known()
 
     def _reregister(self, why: str) -> Optional[errors.SnapcoordError]:
         with self._reg_lock:
             return self._reregister_locked(why)
 
     def _reregister_locked(self, why: str) -> Optional[errors.SnapcoordError]:
-        self.log.info("registering again: %s", why)
+        # While the coordinator does not know the run, every attempt fails
+        # (refused, or unanswered while it restarts), and _run_lost said so once.
+        self.log.log(logging.DEBUG if self._lost is not None else logging.INFO, "registering again: %s", why)
         try:
             self._register(self.incarnation, self._c.workers_once, max(self._interval(), 5.0))
         except grpc.RpcError as err:
@@ -291,11 +302,45 @@ class _Worker:
             if isinstance(mapped, errors.SupersededError):
                 self.log.error("another process registered under this worker's name: stopping (%s)", mapped)
                 self._fail(mapped)
+            elif err.code() in _CODES_RUN_LOST:
+                self._run_lost(err)  # it registered this worker before: it lost the run
             else:
-                self.log.warning("registering again failed: %s", mapped)
+                self.log.log(logging.DEBUG if self._lost is not None else logging.WARNING, "registering again failed: %s", mapped)
             return mapped
         self.log.info("registered again as %s, incarnation %d", self.worker_id, self.incarnation)
         return None
+
+    def _run_lost(self, err: grpc.RpcError) -> None:
+        """The coordinator no longer knows the run, or its token: its data
+        directory was lost, or restored from a copy older than the run. It
+        registered this worker, so the run and the token were right (a wrong
+        one fails the constructor): the worker goes on as while the
+        coordinator is out of reach, following and heartbeating at its
+        backoff, so that the backstop still saves, and so that it resumes if
+        the coordinator knows the run again (its data restored). One WARNING,
+        not one per retry. As the Go client's runLost."""
+        with self._lock:
+            first, self._lost = self._lost is None, err
+        if first:
+            self.log.log(
+                self._lost_level(),
+                "the coordinator no longer knows this run or its token (its data lost or "
+                "restored from an older copy, or the token reissued for a new allocation): "
+                "going on as while it is out of reach, until it knows the run again (%s: %s)",
+                err.code().name,
+                err.details(),
+            )
+
+    def _run_known(self) -> None:
+        """An answer for the run: after _run_lost, one line says it is known again."""
+        with self._lock:
+            was, self._lost = self._lost, None
+        if was is not None:
+            self.log.log(self._lost_level(), "the coordinator knows this run again")
+
+    def _lost_level(self) -> int:
+        # A trainer rank's fail-safe plan warns about the same coordinator.
+        return logging.INFO if self._role == worker_pb2.WORKER_ROLE_TRAINER else logging.WARNING
 
     def _refused(self, sent: int, err: grpc.RpcError) -> Optional[errors.SnapcoordError]:
         # A call refused for the stale incarnation sent: this process
@@ -343,6 +388,7 @@ class _Worker:
             return
         with self._lock:
             self._last_ack, self._run_state = time.monotonic(), resp.run_state
+        self._run_known()
 
     # Following commands.
 
@@ -400,10 +446,13 @@ class _Worker:
                 self._refused(inc, err)
             return None
         if code == grpc.StatusCode.NOT_FOUND:
-            # The coordinator does not know the worker; if the run itself is
-            # gone, registering fails for good.
-            refusal = self._reregister("the coordinator does not know this worker")
-            return refusal if isinstance(refusal, errors.NotFoundError) else None
+            # The coordinator does not know the worker; if it lost the run
+            # too, registering notes that (see _run_lost).
+            self._reregister("the coordinator does not know this worker")
+            return None
+        if code == grpc.StatusCode.UNAUTHENTICATED:
+            self._run_lost(err)  # it registered this worker with the same token: it lost the run
+            return None
         if code in _CODES_FATAL:
             return errors.from_rpc_error(err)
         # UNIMPLEMENTED, INTERNAL, UNKNOWN: typically a proxy that does not
@@ -428,6 +477,7 @@ class _Worker:
         self._track(call)
         try:
             for resp in call:
+                self._run_known()
                 progressed = True
                 if self._deliver(resp.command):
                     return True, True, None
@@ -455,6 +505,7 @@ class _Worker:
             return False, False, err
         finally:
             self._track(None)
+        self._run_known()
         with self._lock:
             self._run_state = resp.run_state
         for cmd in resp.commands:
@@ -570,7 +621,10 @@ class _Handle:
     @property
     def error(self) -> Optional[errors.SnapcoordError]:
         """Why the worker stopped following commands, if not a Stop or close():
-        SupersededError, AuthError, RunEndedError, ..."""
+        SupersededError, RunEndedError, a refusal such as PERMISSION_DENIED.
+        A coordinator that no longer knows the run or its token (it lost its
+        data) does not stop the worker: it goes on as with the coordinator
+        out of reach."""
         return self._w.error
 
     def commands(self) -> Iterator[Command]:

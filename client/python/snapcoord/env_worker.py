@@ -87,6 +87,14 @@ class EnvWorker(_Handle):
     signal does nothing: the deadline comes from it. Python installs signal
     handlers only from the main thread: a signal given explicitly from
     another thread raises ValueError.
+
+    A coordinator that no longer knows the run (it lost its data, and
+    answers UNAUTHENTICATED or NOT_FOUND) is one out of reach to the worker:
+    one WARNING, and it goes on retrying, the backstop armed, and resumes
+    if the coordinator knows the run again; ``commands()`` and ``run`` raise
+    nothing for it. A wrong run or token raises AuthError or NotFoundError
+    from the constructor: a worker never registered has nothing to go on
+    with.
     """
 
     def __init__(
@@ -151,7 +159,7 @@ class EnvWorker(_Handle):
             self._w.log.info("backstop signal: this worker's deadline snapshot %s was taken already", taken)
             return
         self._w.log.warning(
-            "backstop signal: the coordinator cannot be reached (%s); taking a local deadline snapshot %s", err.code(), snapshot_id
+            "backstop signal: the coordinator cannot be reached, or lost this run (%s); taking a local deadline snapshot %s", err.code(), snapshot_id
         )
         self._w.inject(
             Command(

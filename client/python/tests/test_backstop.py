@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import shutil
 import signal
 import subprocess
 import sys
@@ -43,6 +44,7 @@ with client.env_worker("env-0") as worker:
 class WorkerProcess:
     def __init__(self, coordinator: Coordinator, run_id: str, tmp: pathlib.Path, env: Optional[dict[str, str]] = None) -> None:
         _, token = coordinator.admin().create_run(run_id, run_spec(1, budget="00:01:00:00"))
+        self.token = token
         self.saved = tmp / "saved"
         self.saved.mkdir()
         self.stdout, self.stderr = tmp / "worker.out", tmp / "worker.err"
@@ -109,6 +111,52 @@ def test_backstop_saves_when_the_coordinator_is_gone(coordinator: Coordinator, w
     saved = worker_process.snapshots()
     assert list(saved) == [local_id, snaps[0].snapshot_id]
     assert saved[snaps[0].snapshot_id]["backstop"] is False
+
+
+def refused_registrations(coordinator: Coordinator) -> int:
+    """RegisterWorker calls the coordinator answered UNAUTHENTICATED, by its log."""
+    lines = coordinator.log_path.read_text().splitlines()
+    return sum("grpc.method=RegisterWorker" in line and "grpc.code=Unauthenticated" in line for line in lines)
+
+
+# The coordinator comes back on the same address with its data lost (an
+# empty data directory): it knows neither the run nor its token. The worker
+# goes on as with the coordinator gone, with one WARNING however often it
+# tries again, and the signal still has it save the environment itself;
+# run() raises nothing. Once the coordinator has its data back, the worker
+# takes part in its deadline snapshot. A new worker with the token still
+# fails at once: it was never registered, and for it the token is wrong.
+def test_backstop_saves_when_the_coordinator_lost_the_run(
+    coordinator: Coordinator, worker_process: WorkerProcess, tmp_path: pathlib.Path
+) -> None:
+    db, kept = coordinator.data_dir / "snapcoord.db", tmp_path / "kept.db"
+    coordinator.kill()
+    shutil.move(db, kept)
+    coordinator.start()
+    lost = "the coordinator no longer knows this run"
+    wait_until("the worker to find the run lost", lambda: lost in worker_process.err())
+    # Its lease presumed lapsed, it tries to register again at each heartbeat.
+    wait_until("three refused registrations", lambda: refused_registrations(coordinator) >= 3)
+    with pytest.raises(snapcoord.AuthError):
+        coordinator.worker_client("backstop", worker_process.token).env_worker("env-1", backstop_signal=None)
+    worker_process.proc.send_signal(signal.SIGUSR1)
+    wait_until("the backstop snapshot", lambda: "taken locally" in worker_process.err())
+    (local_id, local), = worker_process.snapshots().items()
+    assert local_id.startswith("backstop-") and local["backstop"] is True
+    assert worker_process.proc.poll() is None, worker_process.err()
+
+    coordinator.kill()
+    shutil.move(kept, db)
+    coordinator.start()
+    wait_until("the worker to see the run known again", lambda: "the coordinator knows this run again" in worker_process.err())
+    trigger(coordinator)
+    assert worker_process.wait() == 0, worker_process.err()
+    assert "stopped: STOPPED" in worker_process.out()
+    (snap,) = coordinator.admin().snapshots("backstop")
+    assert snap.outcome == snapcoord.Outcome.SAVED
+    warnings = [line for line in worker_process.err().splitlines() if line.startswith("WARNING")]
+    assert sum(lost in w for w in warnings) == 1, warnings
+    assert not any("registering again failed" in w for w in warnings), warnings
 
 
 def test_backstop_signal_with_a_live_coordinator(coordinator: Coordinator, worker_process: WorkerProcess) -> None:

@@ -50,8 +50,9 @@ const (
 // goes on as while the coordinator is out of reach (so that a sidecar's
 // backstop still saves), trying again at its backoff with one WARNING in
 // all (its attempts to register again say nothing more), and once the
-// coordinator has its data back it takes part in the deadline snapshot. A new process with the same token still fails at
-// once: it was never answered, and for it the token is just wrong.
+// coordinator has its data back it takes part in the deadline snapshot.
+// A new process with the same token still fails at once: it was never
+// answered, and for it the token is just wrong.
 func TestWorkerGoesOnWhenTheCoordinatorLostTheRun(t *testing.T) {
 	for _, poll := range []bool{false, true} {
 		t.Run(map[bool]string{false: "stream", true: "poll"}[poll], func(t *testing.T) {

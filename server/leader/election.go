@@ -156,11 +156,14 @@ func (e *Election) campaign(ctx context.Context, self string) error {
 }
 
 // sessionOutlived reports whether the election lease is alive after its
-// session's keep-alive ended, asking etcd for up to a TTL.
+// session's keep-alive ended, asking etcd for up to a TTL. Only a renewal
+// sent from now on counts: the hold's own, answered just before etcd lost
+// its quorum, would otherwise keep a term through an outage that it knew
+// nothing of, and with it calls waiting for commits that cannot come.
 func (e *Election) sessionOutlived(ctx context.Context, hold *leaseHold) bool {
 	ctx, cancel := context.WithTimeout(ctx, e.TTL)
 	defer cancel()
-	if !hold.Confirm(ctx) {
+	if !hold.Reconfirm(ctx) {
 		return false
 	}
 	e.Log.Info("election session: the etcd client gave up renewing the lease, which lives; renewing it directly")

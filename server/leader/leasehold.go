@@ -34,6 +34,7 @@ type leaseHold struct {
 
 	mu    sync.Mutex
 	until time.Time
+	sent  time.Time // when the latest answered renewal was sent
 	gone  atomic.Bool
 	// asking lets one renewal at a time be made for Confirm, however many
 	// calls ask at once.
@@ -51,15 +52,18 @@ func (h *leaseHold) renewed(sent time.Time, ttl time.Duration) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if until.After(h.until) {
-		h.until = until
+		h.until, h.sent = until, sent
 	}
 }
 
 // Held reports whether the lease is known to live now.
-func (h *leaseHold) Held() bool {
+func (h *leaseHold) Held() bool { return h.heldSince(time.Time{}) }
+
+// heldSince is Held, counting only a renewal sent at from or later.
+func (h *leaseHold) heldSince(from time.Time) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return !h.gone.Load() && time.Now().Before(h.until)
+	return !h.gone.Load() && time.Now().Before(h.until) && !h.sent.Before(from)
 }
 
 // Confirm renews the lease to learn whether it lives: true once it did,
@@ -67,7 +71,20 @@ func (h *leaseHold) Held() bool {
 // While etcd has no quorum it keeps asking: etcd expires no lease then, and
 // a call waits for quorum's return as its commit would, rather than be
 // refused and retried after a backoff.
-func (h *leaseHold) Confirm(ctx context.Context) bool {
+func (h *leaseHold) Confirm(ctx context.Context) bool { return h.confirm(ctx, time.Time{}) }
+
+// Reconfirm is Confirm by a renewal sent from now on: what an earlier one
+// proved does not count. It answers whether the lease outlived something
+// that has just happened, such as the election session's keep-alive giving
+// up (after a TTL without an answer, as while etcd has no quorum): a
+// renewal of the hold's own, answered a moment before the outage began,
+// may still bound the lease past that moment without saying anything of
+// the outage.
+func (h *leaseHold) Reconfirm(ctx context.Context) bool { return h.confirm(ctx, time.Now()) }
+
+// confirm renews the lease until a renewal sent at from or later is
+// answered (true), etcd no longer knows the lease, or ctx ends (false).
+func (h *leaseHold) confirm(ctx context.Context, from time.Time) bool {
 	select {
 	case h.asking <- struct{}{}:
 		defer func() { <-h.asking }()
@@ -75,7 +92,7 @@ func (h *leaseHold) Confirm(ctx context.Context) bool {
 		return false
 	}
 	for {
-		if h.Held() { // renewed, by this loop or while this call waited
+		if h.heldSince(from) { // renewed, by this loop or while this call waited
 			return true
 		}
 		if errors.Is(h.renew(ctx), rpctypes.ErrLeaseNotFound) {

@@ -1,6 +1,7 @@
 package leader
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -52,5 +53,57 @@ func TestLeaseHoldAfterAPause(t *testing.T) {
 	case <-lost:
 	default:
 		t.Fatal("the term was not ended when etcd no longer knew its lease")
+	}
+}
+
+// The election session's keep-alive gives up on the lease after a TTL
+// without an answer, as while etcd has no quorum. Whether the lease
+// outlived that is learned from a renewal sent afterwards: one the hold
+// made just before etcd went silent still bounds the lease for a while,
+// and taken as an answer it kept the term (and calls waiting on commits
+// that could not come) through a whole quorum loss.
+func TestLeaseHoldReconfirmCountsOnlyALaterRenewal(t *testing.T) {
+	etcd := etcdtest.Start(t, 1)
+	cli, err := etcd.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	const ttl = 5 * time.Second
+	h := newLeaseHold(cli, ttl)
+	lease, err := cli.Grant(t.Context(), int64(ttl/time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.lease = lease.ID
+	if !h.Confirm(t.Context()) {
+		t.Fatal("a live lease was not confirmed")
+	}
+
+	if err := etcd.Stop(0); err != nil { // etcd answers nothing
+		t.Fatal(err)
+	}
+	resumed := false
+	resume := func() {
+		if !resumed {
+			resumed = true
+			if err := etcd.Cont(0); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	t.Cleanup(resume)
+	if !h.Confirm(t.Context()) {
+		t.Fatal("Confirm refused a lease its last renewal still bounds")
+	}
+	silent, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+	defer cancel()
+	if h.Reconfirm(silent) {
+		t.Fatal("Reconfirm took the renewal made before etcd went silent as an answer")
+	}
+
+	resume()
+	if !h.Reconfirm(t.Context()) || !h.Held() {
+		t.Fatal("a lease that outlived the silence was not reconfirmed once etcd answered")
 	}
 }

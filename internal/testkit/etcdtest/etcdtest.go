@@ -10,6 +10,7 @@
 package etcdtest
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -282,8 +283,27 @@ func (c *Cluster) Kill(i int) error {
 }
 
 // Stop pauses member i with SIGSTOP: it holds its ports but answers
-// nothing, as a member on a frozen machine.
-func (c *Cluster) Stop(i int) error { return c.signal(i, syscall.SIGSTOP) }
+// nothing, as a member on a frozen machine. It returns once the process
+// is stopped: the signal is delivered asynchronously, and a member still
+// running for a moment could answer a request its caller counts on going
+// unanswered.
+func (c *Cluster) Stop(i int) error {
+	if err := c.signal(i, syscall.SIGSTOP); err != nil {
+		return err
+	}
+	stat := fmt.Sprintf("/proc/%d/stat", c.Pid(i))
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		b, err := os.ReadFile(stat)
+		if err != nil {
+			return fmt.Errorf("etcdtest: stop %s: %w", c.members[i].name, err)
+		}
+		// The state follows the parenthesised command name: "pid (comm) T ...".
+		if j := bytes.LastIndexByte(b, ')'); j >= 0 && j+2 < len(b) && b[j+2] == 'T' {
+			return nil
+		}
+	}
+	return fmt.Errorf("etcdtest: %s not stopped 5 s after SIGSTOP", c.members[i].name)
+}
 
 // Cont resumes member i after Stop.
 func (c *Cluster) Cont(i int) error { return c.signal(i, syscall.SIGCONT) }

@@ -201,7 +201,7 @@ e2e: build ## Start bin/snapcoord; run docs/grpcurl.md and the README quick star
 # client's Debian packages) with apt-get if they are missing, starts a
 # four-node cluster on this machine (scripts/slurm-setup.sh) and, pass or
 # fail, tears it down (scripts/slurm-teardown.sh).
-slurm-e2e: build ## Four-node Slurm on this machine (network namespaces), the recipe of docs/slurm.md across nodes: requeues, a node killed, extension, backstop; then torn down (6-7.5 min).
+slurm-e2e: build ## Four-node Slurm on this machine (network namespaces), the recipe of docs/slurm.md across nodes: requeues, a node killed, extension, backstop, no coordinator; then torn down (6.5-8 min).
 	scripts/deps-python.sh
 	rc=0; { scripts/slurm-setup.sh && scripts/slurm-e2e.sh; } || rc=$$?; scripts/slurm-teardown.sh || rc=1; exit $$rc
 

@@ -18,6 +18,9 @@
 #     namespace, slurmd included): Slurm requeues the job onto other nodes.
 #  4. The backstop: the coordinator killed mid-run; at USR1 the environment
 #     workers snapshot on their own and the ranks save by the fail-safe plan.
+#  5. No coordinator at the start: SNAPCOORD_ADDR names a shared one that is
+#     down. The job trains without snapcoord, its ranks save by NeMo RL's
+#     own rule before the time limit, and it exits 0.
 #
 # Every check prints what it proved; the first failure exits non-zero. The
 # last line sums up where the ranks and workers ran and what they survived.
@@ -210,8 +213,8 @@ check_recipe() {
 
 t_start=$SECONDS
 summary=()
-# part N: whether to run part N (SLURM_E2E_PARTS, default all: "0 1 2 3 4").
-part() { [[ " ${SLURM_E2E_PARTS:-0 1 2 3 4} " == *" $1 "* ]]; }
+# part N: whether to run part N (SLURM_E2E_PARTS, default all: "0 1 2 3 4 5").
+part() { [[ " ${SLURM_E2E_PARTS:-0 1 2 3 4 5} " == *" $1 "* ]]; }
 
 # ---------------------------------------------------------------------------
 if part 0; then
@@ -403,6 +406,47 @@ if part 4; then
 	[ "$saved" -le $((limit_end - 30)) ] || fail "the fail-safe save of step $fired_step came at $saved, after B $((limit_end - 30))"
 	proved "job $job, its coordinator gone: at USR1 both environment workers took a backstop snapshot, all 4 ranks saved step $fired_step by the fail-safe plan $((limit_end - 30 - saved)) s before B and stopped together; the job ended $((limit_end - $(job_field "$job" EndTime))) s before its limit"
 	summary+=("coordinator killed: ranks $(nodes_of "$out" rank 0) and workers $(nodes_of "$out" env 0) saved on their own")
+fi
+
+# ---------------------------------------------------------------------------
+if part 5; then
+	say "5. no coordinator at the start: SNAPCOORD_ADDR names a shared one that is down; the job trains without it"
+	# A shared coordinator's settings (its address, CA and admin token), and
+	# nothing listening at that address any more.
+	mkdir -p "$WORK/gone"
+	coordinator "$WORK/gone"
+	gone=$SNAPCOORD_ADDR
+	stop_coordinator
+	# A 1-minute limit, NeMo RL's timeout 25 s before the end; USR1 asked
+	# for 40 s before it.
+	SBE=25
+	t_submit=$SECONDS
+	SNAPCOORD_ADDR=$gone SNAPCOORD_CA_FILE=$WORK/gone/tls/ca.pem SNAPCOORD_TOKEN_FILE=$WORK/gone/admin-token \
+		submit nocoord "$SBE" nocoord --time=1 --signal=B:USR1@40
+	wait_job_done "$job"
+	out=$(cat "$WORK/nocoord-$job.out")
+	jstate=$(job_field "$job" JobState) exit_code=$(job_field "$job" ExitCode)
+	[ "$jstate" = COMPLETED ] && [ "$exit_code" = 0:0 ] || fail "job $job is $jstate, exit $exit_code; want COMPLETED, 0:0: $out"
+	grep -q "WITHOUT SNAPCOORD: no coordinator answered at $gone" <<<"$out" || fail "no log line says the job trains without snapcoord: $out"
+	say "the job's log: $(grep -m1 'WITHOUT SNAPCOORD' <<<"$out")"
+	grep -q "USR1: the time limit is near; without a coordinator" <<<"$out" || fail "the USR1 trap did not run, or not knowing there is no coordinator: $out"
+	grep -qE 'firing the deadline|run trigger exited|^env-[0-9]+ on ' <<<"$out" && fail "the job called snapctl at USR1 or started environment workers: $out"
+	stops=$(sed -n 's/^rank [0-9] on n[0-9]: stopping after step //p' <<<"$out" | sort | uniq -c | awk '{print $1 "x" $2}' | paste -sd' ' -)
+	[[ $stops =~ ^4x[1-9][0-9]*$ ]] || fail "ranks stopped after steps '$stops', want all 4 after one step > 0"
+	fired_step=${stops#4x}
+	for r in 0 1 2 3; do
+		"$PY" -c 'import sys, torch; s = torch.load(sys.argv[1]); sys.exit(s["step"] != int(sys.argv[2]))' \
+			"$STATE/checkpoints/step_$fired_step/rank-$r.pt" "$fired_step" || fail "rank $r has no checkpoint of step $fired_step"
+	done
+	limit_end=$(($(job_field "$job" StartTime) + 60))
+	ended=$(job_field "$job" EndTime)
+	[ "$ended" -lt "$limit_end" ] || fail "job $job ran into its time limit ($ended, limit $limit_end)"
+	saved=$(stat -c %Y "$STATE/checkpoints/step_$fired_step/rank-0.pt")
+	# NeMo RL's rule saves once the time since the checker started plus a
+	# mean step reaches the timeout: not well before the end minus SBE.
+	[ "$saved" -ge $((limit_end - SBE - 5)) ] || fail "step $fired_step was saved at $saved, well before the timeout ($((limit_end - SBE)))"
+	proved "job $job, SNAPCOORD_ADDR $gone down: trained without snapcoord (the log says so; no environment worker, no snapctl at USR1), all 4 ranks saved step $fired_step by NeMo RL's rule $((saved - limit_end + SBE)) s after the end minus $SBE s, and the job COMPLETED exit 0:0 $((limit_end - ended)) s before its limit ($((SECONDS - t_submit)) s from sbatch)"
+	summary+=("no coordinator: ranks $(nodes_of "$out" rank 0) saved step $fired_step by NeMo RL's rule")
 fi
 
 say "OK in $((SECONDS - t_start)) s: $(

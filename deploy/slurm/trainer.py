@@ -14,16 +14,23 @@ way: ``mark_iteration()`` after the step, ``check_save()`` for the decision,
 requeue (the run's newest checkpoint every rank saved, as the coordinator
 knows it) and, should the coordinator be gone, decides by the fail-safe plan.
 
+Without a coordinator (no ``SNAPCOORD_*`` variables: grpo.sbatch found
+none it could reach), the drop-in decides exactly as NeMo RL's own
+TimeoutChecker, from ``--timeout``; the loop then resumes from the newest
+checkpoint every rank saved, as NeMo RL finds its own.
+
 Every rank must stop at the same step: one that stopped while the others
 went on would leave them waiting in their next ``all_reduce``. So after each
 decision the ranks compare theirs (an ``all_reduce`` of it): if they differ,
-each says so and exits 2; and the process group has a timeout
+each says so and exits 2 (without a coordinator each rank's clock decides,
+and they save when the first says so, as NeMo RL's one process would);
+and the process group has a timeout
 (``--collective-timeout``), so a hang becomes an error.
 
 Rendezvous: MASTER_ADDR and MASTER_PORT (the batch script sets them), the
 rank and world size from SLURM_PROCID and SLURM_NTASKS. Exits 0 once the run
-told it to stop (after saving), 2 on a disagreement, 3 if another process
-took its rank.
+(or, without a coordinator, NeMo RL's rule) told it to stop, after saving; 2
+on a disagreement, 3 if another process took its rank.
 """
 
 from __future__ import annotations
@@ -71,11 +78,19 @@ def train_step(step: int, rank: int, world: int, model: torch.nn.Module, opt: to
     return float(loss)
 
 
-def agree(save: bool) -> bool:
-    """Whether every rank got the same answer (all ranks call this each step)."""
+def answers(save: bool) -> tuple[bool, bool]:
+    """(some rank saves, every rank saves): all ranks call this each step."""
     flags = torch.tensor([float(save), -float(save)])
     dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-    return bool(flags[0] == -flags[1])
+    return bool(flags[0] == 1), bool(flags[1] == -1)
+
+
+def newest_checkpoint(directory: Path, world: int) -> int:
+    """The newest step every rank saved, 0 for none: where a job without a
+    coordinator resumes (with one, the coordinator says)."""
+    steps = [int(d.name[5:]) for d in directory.glob("step_*") if d.name[5:].isdigit()]
+    done = [s for s in steps if all(checkpoint_path(directory, s, r).exists() for r in range(world))]
+    return max(done, default=0)
 
 
 def main() -> int:
@@ -84,6 +99,11 @@ def main() -> int:
     ap.add_argument("--iteration-seconds", type=float, default=3.0, help="rollout time per step, besides the training")
     ap.add_argument("--checkpoint-every", type=int, default=4)
     ap.add_argument("--collective-timeout", type=float, default=120.0, help="seconds before a collective that hangs fails")
+    ap.add_argument(
+        "--timeout",
+        help="NeMo RL's timeout (DD:HH:MM:SS, from the checker's start): when to save and stop without a coordinator "
+        "(grpo.sbatch gives it when it runs without one); default none, the coordinator decides",
+    )
     args = ap.parse_args()
     rank, world = int(os.environ["SLURM_PROCID"]), int(os.environ["SLURM_NTASKS"])
     node = os.environ.get("SLURMD_NODENAME", "?")
@@ -100,8 +120,13 @@ def main() -> int:
     model = torch.nn.Linear(16, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
 
-    # Registers this rank (SLURM_PROCID) with the run in SNAPCOORD_*.
-    checker = TimeoutChecker(timeout=None, fit_last_save_time=True)
+    # Registers this rank (SLURM_PROCID) with the run in SNAPCOORD_*; without
+    # them it decides by NeMo RL's rule from --timeout, and the steps count
+    # from the newest checkpoint on disk, as NeMo RL resumes on its own.
+    checker = TimeoutChecker(timeout=args.timeout, fit_last_save_time=True)
+    alone = checker.trainer is None
+    if alone:
+        checker.step = newest_checkpoint(args.checkpoint_dir, world)
     if checker.step:
         state = torch.load(checkpoint_path(args.checkpoint_dir, checker.step, rank))
         model.load_state_dict(state["model"])
@@ -120,7 +145,10 @@ def main() -> int:
             waits.append(time.monotonic() - t0)
             if len(waits) == 1:
                 print(f"rank {rank} on {node}: first decision at {time.time():.3f}", flush=True)
-            if not agree(should_save):
+            some, every = answers(should_save)
+            if alone:
+                should_save = some  # each rank's own clock: the first to say save decides
+            elif some != every:
                 print(f"rank {rank} on {node}: step {step}: the ranks disagree on saving (this one: {should_save})", flush=True)
                 return 2
             print(f"rank {rank} on {node}: step {step}: loss {loss:.4f}{', save and stop' if should_save else ''}", flush=True)

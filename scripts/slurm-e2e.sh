@@ -100,11 +100,20 @@ json() { "$PY" -c 'import json,sys; d=json.load(open(sys.argv[1])); print(eval(s
 epoch() { date -d "$1" +%s; }
 # job_field ID KEY: a field of `scontrol show job` (epoch seconds for times).
 job_field() { SLURM_TIME_FORMAT=%s scontrol show job "$1" | tr ' ' '\n' | sed -n "s/^$2=//p" | head -1; }
+# job_ended STATE: whether a job in STATE is over. Only the base states
+# that end a job count: a running job passes through others (SIGNALING
+# while --signal's USR1 is delivered, COMPLETING, REQUEUED), and one read
+# there is not done.
+job_ended() {
+	case $1 in BOOT_FAIL | CANCELLED | COMPLETED | DEADLINE | FAILED | NODE_FAIL | OUT_OF_MEMORY | PREEMPTED | TIMEOUT) return 0 ;; esac
+	return 1
+}
 wait_job_done() {
 	local id=$1 state
 	for _ in $(seq "$JOB_WAIT_S"); do
 		state=$(job_field "$id" JobState)
-		case $state in PENDING | CONFIGURING | RUNNING | COMPLETING | REQUEUED | "") sleep 1 ;; *) return 0 ;; esac
+		if job_ended "$state"; then return 0; fi
+		sleep 1
 	done
 	fail "job $id still $state after ${JOB_WAIT_S}s (a hang: ranks waiting in a collective?): $(tail -20 "$WORK"/*-"$id".out)"
 }
@@ -118,7 +127,7 @@ wait_step() {
 			[ "$(json "$WORK/live.json" 'd.get("last_published_step", "0")')" -gt 0 ]; then
 			return 0
 		fi
-		case $(job_field "$job" JobState) in PENDING | CONFIGURING | RUNNING) ;; *) fail "job $job ended before step $step: $(cat "$WORK"/*-"$job".out)" ;; esac
+		if job_ended "$(job_field "$job" JobState)"; then fail "job $job ended before step $step: $(cat "$WORK"/*-"$job".out)"; fi
 		sleep 0.5
 	done
 	fail "job $job did not reach step $step in 2 minutes: $(cat "$WORK"/*-"$job".out)"

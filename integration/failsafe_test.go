@@ -228,10 +228,8 @@ func TestFailSafeCoordinatorGoneForGood(t *testing.T) {
 	_, ranks, b, fired := fireWithoutCoordinator(ctx, t, "gone")
 	t.Logf("both ranks fired at step %d, %s before B", fired, time.Until(b).Round(time.Millisecond))
 	wantWarnings(t, ranks, false)
+	closeRanks(ctx, ranks)
 	for i, r := range ranks {
-		closeCtx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		_ = r.tr.Close(closeCtx)
-		cancel()
 		errs := r.logs.At(slog.LevelError)
 		if !slices.ContainsFunc(errs, func(m string) bool { return strings.HasPrefix(m, "exiting with what this rank did") }) {
 			t.Errorf("rank %d exited with its reports undelivered and logged ERRORs %q, want one naming them", i, errs)
@@ -256,9 +254,15 @@ func TestFailSafeCoordinatorLostItsData(t *testing.T) {
 	fired := sameLocalFire(t, bothLocally(ctx, ranks, 4, 0, nil), b)
 	t.Logf("both ranks fired at step %d, %s before B", fired, time.Until(b).Round(time.Millisecond))
 	wantWarnings(t, ranks, false)
+	// Their workers went on following too (the coordinator may get its data
+	// back): as the job's exit would, Close ends them.
+	closeRanks(ctx, ranks)
+}
+
+// closeRanks closes each rank as a job exits, giving each 2 s to deliver
+// what it has not reported to a coordinator that may not answer.
+func closeRanks(ctx context.Context, ranks [2]failSafeRank) {
 	for _, r := range ranks {
-		// Their workers went on following too (the coordinator may get its
-		// data back): as the job's exit would, Close ends them.
 		closeCtx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		_ = r.tr.Close(closeCtx)
 		cancel()

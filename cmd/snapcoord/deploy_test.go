@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -130,22 +131,14 @@ func familiesOffDashboard(fams map[string]*dto.MetricFamily, panels []dashPanel)
 	}
 	var missing []string
 	for name := range fams {
-		if !hasAnyPrefix(name, dashboardPrefixes) || queried[name] || offDashboard[name] != "" {
+		covered := slices.ContainsFunc(dashboardPrefixes, func(p string) bool { return strings.HasPrefix(name, p) })
+		if !covered || queried[name] || offDashboard[name] != "" {
 			continue
 		}
 		missing = append(missing, name)
 	}
 	sort.Strings(missing)
 	return missing
-}
-
-func hasAnyPrefix(s string, prefixes []string) bool {
-	for _, p := range prefixes {
-		if strings.HasPrefix(s, p) {
-			return true
-		}
-	}
-	return false
 }
 
 // The dashboard's panels have unique ids and none covers another: Grafana
